@@ -1,0 +1,143 @@
+"""Python binding of the fused ``TfAmpUnscaleAndCheckFinite`` op, with a pure-TF fallback.
+
+Why a native op: the loss-scaling step must unscale every gradient and learn whether all of
+them are finite. Keras and ``tf.compat.v1`` do that with two or three small ops per gradient
+plus a stack (hundreds of ops for a ResNet, each with ~12 µs of fixed cost, and each re-reading
+the gradient from memory). The native op reads every element once, writes the unscaled value in
+place when TensorFlow lets it reuse the input buffer, and yields one scalar flag.
+
+If the shared library was not built, or fails to load (for example it was built against another
+TensorFlow), the same function runs on plain TF ops and warns once, saying why.
+
+Arithmetic contract (identical on every path, so results are bit-comparable):
+  * float32:           ``g * (1 / scale)``                     (product in float32)
+  * float64:           ``g * (1 / float64(scale))``            (product in float64)
+  * float16, bfloat16: ``cast(float32(g) * (1 / scale), dtype)`` (product in float32, rounded once)
+  * ``all_finite`` is true iff every *unscaled* element is finite; a non-finite input always gives a
+    non-finite output, so this is the usual "all gradients finite" test (and also catches a scale
+    below 1 that overflows a gradient while unscaling).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import tensorflow as tf
+
+_LOG = logging.getLogger("tf_amp")
+_LIBRARY_BASENAME = "_tf_amp_ops.so"
+_FORCE_FALLBACK_ENV = "TF_AMP_FORCE_FALLBACK_OP"
+_SUPPORTED_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
+
+
+@functools.lru_cache(maxsize=1)
+def _load_native_module() -> tuple[Any | None, str]:
+    """Loads the op library once; returns (module or None, reason it is unavailable)."""
+    if os.environ.get(_FORCE_FALLBACK_ENV, "").strip() not in ("", "0"):
+        return None, f"{_FORCE_FALLBACK_ENV} is set"
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), _LIBRARY_BASENAME)
+    if not os.path.exists(path):
+        return None, (
+            f"{path} was not built; reinstall tf_amp with a C++ compiler present "
+            "(pip install --no-build-isolation -e .)"
+        )
+    try:
+        return tf.load_op_library(path), ""
+    except (tf.errors.NotFoundError, OSError) as error:
+        return None, f"{path} failed to load ({error}); rebuild it against this TensorFlow"
+
+
+@functools.lru_cache(maxsize=1)
+def _warn_fallback_once(reason: str) -> None:
+    _LOG.warning(
+        "tf_amp: native UnscaleAndCheckFinite op unavailable (%s); using TensorFlow ops instead, "
+        "which is slower but computes the same result.",
+        reason,
+    )
+
+
+def native_op_available() -> bool:
+    """True when the fused native op library is built and loaded."""
+    return _load_native_module()[0] is not None
+
+
+def _dense_values(grad: Any) -> tf.Tensor:
+    return grad.values if isinstance(grad, tf.IndexedSlices) else grad
+
+
+def _rebuild(grad: Any, unscaled: tf.Tensor) -> Any:
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(unscaled, grad.indices, grad.dense_shape)
+    return unscaled
+
+
+def _fallback_unscale_one(value: tf.Tensor, scale: tf.Tensor) -> tf.Tensor:
+    if value.dtype == tf.float64:
+        return value * (1.0 / tf.cast(scale, tf.float64))
+    inverse = 1.0 / scale
+    if value.dtype == tf.float32:
+        return value * inverse
+    return tf.cast(tf.cast(value, tf.float32) * inverse, value.dtype)
+
+
+def _fallback(values: list[tf.Tensor], scale: tf.Tensor) -> tuple[list[tf.Tensor], tf.Tensor]:
+    unscaled = [_fallback_unscale_one(v, scale) for v in values]
+    if not unscaled:
+        return [], tf.constant(True)
+    finite_flags = [tf.reduce_all(tf.math.is_finite(u)) for u in unscaled]
+    return unscaled, tf.reduce_all(tf.stack(finite_flags))
+
+
+def unscale_and_check_finite(
+    grads: Sequence[Any], scale: Any, *, use_native: bool | None = None
+) -> tuple[list[Any], tf.Tensor]:
+    """Unscales gradients by ``1/scale`` and tells whether all of them are finite.
+
+    Typical use, inside a train step::
+
+        grads = tape.gradient(loss * scale, variables)
+        grads, all_finite = tf_amp.unscale_and_check_finite(grads, scale)
+
+    Args:
+      grads: gradients as returned by ``tape.gradient``: dense tensors, ``tf.IndexedSlices``
+        (only their values are unscaled and checked) or ``None`` (passed through).
+      scale: the loss scale, a Python number or float32 scalar tensor.
+      use_native: ``None`` uses the native op when it is available; ``False`` forces the
+        TF-ops path (tests, debugging); ``True`` raises if the native op is unavailable.
+
+    Returns:
+      ``(unscaled_grads, all_finite)``: a list in the order of ``grads`` with ``None`` kept in
+      place, and a scalar ``tf.bool`` tensor.
+    """
+    grads = list(grads)
+    for index, grad in enumerate(grads):
+        if grad is None:
+            continue
+        dtype = _dense_values(grad).dtype
+        if dtype not in _SUPPORTED_DTYPES:
+            raise TypeError(
+                f"unscale_and_check_finite: gradient {index} has dtype {dtype.name}; "
+                "supported are float16, bfloat16, float32 and float64"
+            )
+    present = [i for i, g in enumerate(grads) if g is not None]
+    values = [tf.convert_to_tensor(_dense_values(grads[i])) for i in present]
+    scale = tf.cast(tf.convert_to_tensor(scale), tf.float32)
+
+    module, reason = _load_native_module()
+    if use_native and module is None:
+        raise RuntimeError(f"tf_amp native op requested but unavailable: {reason}")
+    if module is not None and use_native is not False:
+        unscaled, all_finite = module.tf_amp_unscale_and_check_finite(values, scale)
+    else:
+        if use_native is None:
+            _warn_fallback_once(reason)
+        unscaled, all_finite = _fallback(values, scale)
+
+    result: list[Any] = list(grads)
+    for i, value in zip(present, unscaled):
+        result[i] = _rebuild(grads[i], value)
+    return result, all_finite
