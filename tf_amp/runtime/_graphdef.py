@@ -1,0 +1,139 @@
+"""GraphDef plumbing shared by the runtime adapters: inline, rewrite, rename library functions.
+
+Why these steps (DESIGN.md section 4): a traced ``tf.function`` keeps its callees in a function
+library; the rewriter can only paint across a call boundary once the callee's body is in the main
+graph, so Grappler's function optimizer inlines them first (it also lowers If/While to
+Switch/Merge). Functions that stay in the library (``jit_compile`` callees are never inlined) are
+rewritten too, and every library function gets a new unique name, because TensorFlow refuses to
+register a changed function under a name it already knows ("duplicate function ... definitions
+differ").
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable, Iterable
+
+from tensorflow.core.framework import attr_value_pb2, graph_pb2
+from tensorflow.core.protobuf import config_pb2, meta_graph_pb2, rewriter_config_pb2
+from tensorflow.python.grappler import tf_optimizer
+
+_LOG = logging.getLogger("tf_amp")
+_UID = itertools.count()
+
+# (graph_def, names of nodes whose dtypes must not change) -> rewritten graph_def
+RewriteFn = Callable[[graph_pb2.GraphDef, frozenset], graph_pb2.GraphDef]
+
+
+def inline_library(graph_def: graph_pb2.GraphDef, keep: Iterable[str]) -> graph_pb2.GraphDef:
+    """Inlines function calls with Grappler's function optimizer and nothing else.
+
+    ``keep`` names the nodes that must survive (fetches and side-effecting ops); Grappler would
+    otherwise be free to drop or rename them.
+    """
+    meta = meta_graph_pb2.MetaGraphDef()
+    meta.graph_def.CopyFrom(graph_def)
+    meta.collection_def["train_op"].node_list.value.extend(sorted(set(keep)))
+    config = config_pb2.ConfigProto()
+    rewrite = config.graph_options.rewrite_options
+    rewrite.optimizers.append("function")
+    rewrite.min_graph_nodes = -1
+    rewrite.meta_optimizer_iterations = rewriter_config_pb2.RewriterConfig.ONE
+    return tf_optimizer.OptimizeGraph(config, meta, verbose=False)
+
+
+def rename_library_functions(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef:
+    """Returns a copy whose library functions (and every reference to them) have fresh names."""
+    out = graph_pb2.GraphDef()
+    out.CopyFrom(graph_def)
+    names = [f.signature.name for f in out.library.function]
+    if not names:
+        return out
+    uid = next(_UID)
+    mapping = {name: f"{name}_tfamp{uid}" for name in names}
+    for node in out.node:
+        _rename_in_node(node, mapping)
+    for function in out.library.function:
+        function.signature.name = mapping[function.signature.name]
+        for node in function.node_def:
+            _rename_in_node(node, mapping)
+        for attr in function.attr.values():
+            _rename_in_attr(attr, mapping)
+    for gradient in out.library.gradient:
+        gradient.function_name = mapping.get(gradient.function_name, gradient.function_name)
+        gradient.gradient_func = mapping.get(gradient.gradient_func, gradient.gradient_func)
+    for registered in out.library.registered_gradients:
+        registered.gradient_func = mapping.get(registered.gradient_func, registered.gradient_func)
+    return out
+
+
+def _rename_in_node(node, mapping: dict[str, str]) -> None:
+    if node.op in mapping:
+        node.op = mapping[node.op]
+    for attr in node.attr.values():
+        _rename_in_attr(attr, mapping)
+
+
+def _rename_in_attr(attr: attr_value_pb2.AttrValue, mapping: dict[str, str]) -> None:
+    if attr.HasField("func"):
+        _rename_func(attr.func, mapping)
+    elif attr.HasField("list"):
+        for func in attr.list.func:
+            _rename_func(func, mapping)
+
+
+def _rename_func(func: attr_value_pb2.NameAttrList, mapping: dict[str, str]) -> None:
+    if func.name in mapping:
+        func.name = mapping[func.name]
+    for attr in func.attr.values():
+        _rename_in_attr(attr, mapping)
+
+
+def strip_nodes(graph_def: graph_pb2.GraphDef, names: Iterable[str]) -> graph_pb2.GraphDef:
+    """Removes the named nodes and any ``loc:@`` colocation with them.
+
+    The capture and argument placeholders of a traced function are replaced by inputs of the
+    rebuilt one; leaving them in would import dead placeholders whose colocation constraints
+    point at nodes that no longer exist.
+    """
+    drop = set(names)
+    out = graph_pb2.GraphDef()
+    out.versions.CopyFrom(graph_def.versions)
+    out.library.CopyFrom(graph_def.library)
+    stale = {f"loc:@{name}".encode() for name in drop}
+    for node in graph_def.node:
+        if node.name in drop:
+            continue
+        new = out.node.add()
+        new.CopyFrom(node)
+        if "_class" in new.attr:
+            kept = [c for c in new.attr["_class"].list.s if c not in stale]
+            if kept:
+                del new.attr["_class"].list.s[:]
+                new.attr["_class"].list.s.extend(kept)
+            else:
+                del new.attr["_class"]
+    return out
+
+
+def default_rewrite(config=None, reports: list | None = None) -> RewriteFn:
+    """The real rewriter as a RewriteFn (imported lazily: it is heavy).
+
+    ``config`` defaults to ``RewriteConfig.from_env()``, read when a graph is rewritten; the
+    fetched nodes are added to its ``preserve_nodes`` so outputs keep their dtypes. Each
+    rewrite's report is appended to ``reports`` when given.
+    """
+
+    def rewrite(graph_def: graph_pb2.GraphDef, keep: frozenset) -> graph_pb2.GraphDef:
+        from tf_amp.config import RewriteConfig
+        from tf_amp.rewriter import rewrite_graph_def
+
+        base = config if config is not None else RewriteConfig.from_env()
+        effective = base.replace(preserve_nodes=frozenset(base.preserve_nodes) | set(keep))
+        result = rewrite_graph_def(graph_def, effective)
+        if reports is not None:
+            reports.append(result.report)
+        return result.graph_def
+
+    return rewrite

@@ -1,0 +1,276 @@
+"""``tf_amp.function``: a ``tf.function`` that runs the mixed-precision rewrite of its graph.
+
+Typical use::
+
+    opt = tf_amp.enable_mixed_precision_graph_rewrite(keras.optimizers.SGD(0.1))
+
+    @tf_amp.function
+    def train_step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+            scaled = opt.scale_loss(loss)
+        opt.apply(tape.gradient(scaled, model.trainable_variables), model.trainable_variables)
+        return loss
+
+Why it works this way (DESIGN.md section 4): TensorFlow 2 cannot run a Python Grappler pass, so
+for each input signature we let ``tf.function`` trace, take the traced graph, inline its function
+library, rewrite the main graph and every remaining library function, give the library functions
+fresh names, and import the result once into a new ``FuncGraph`` whose capture placeholders are
+bound to the *original* variable handles. Variables, optimizer slots, BatchNorm statistics and
+metrics therefore update in place, exactly as with the float32 function.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import tensorflow as tf
+from tensorflow.core.framework import graph_pb2
+from tensorflow.python.eager.polymorphic_function import concrete_function as cf_lib
+from tensorflow.python.framework import func_graph as func_graph_lib
+from tensorflow.python.framework import importer, ops
+from tensorflow.python.util import nest
+
+from tf_amp.runtime import _graphdef
+
+_LOG = logging.getLogger("tf_amp")
+_XLA_MUST_COMPILE = "_XlaMustCompile"
+
+
+def rebuild_concrete_function(
+    original: Any,
+    rewrite: _graphdef.RewriteFn,
+    jit_compile: bool | None = None,
+) -> Any:
+    """Returns a ConcreteFunction running ``rewrite`` of ``original``'s graph on its variables.
+
+    ``original`` is a traced ``ConcreteFunction``; the result has the same calling convention
+    (function type, structured outputs) and the same captures, so it can be called with the same
+    arguments and updates the same variables.
+    """
+    graph = original.graph
+    captures = list(graph.captures)  # (external value, internal placeholder)
+    capture_ids = {id(internal) for _, internal in captures}
+    arg_inputs = [t for t in graph.inputs if id(t) not in capture_ids]
+    output_tensors = [t for t in graph.outputs if t is not None]
+    control_ops = [op for op in graph.control_outputs]
+
+    fetched = {t.op.name for t in output_tensors}
+    keep = fetched | {op.name for op in control_ops} | {t.op.name for t in graph.inputs}
+    graph_def = _graphdef.inline_library(graph.as_graph_def(), keep)
+    graph_def = rewrite(graph_def, frozenset(fetched))
+    placeholder_names = [t.op.name for t in graph.inputs]
+    graph_def = _graphdef.strip_nodes(graph_def, placeholder_names)
+    graph_def = _graphdef.rename_library_functions(graph_def)
+
+    new_graph = func_graph_lib.FuncGraph(f"tf_amp_{graph.name}")
+    with new_graph.as_default():
+        new_args = [
+            tf.raw_ops.Placeholder(dtype=t.dtype, shape=t.shape, name=t.op.name)
+            for t in arg_inputs
+        ]
+        for new, old in zip(new_args, arg_inputs, strict=False):
+            _copy_handle_data(old, new)
+        new_captures = []
+        for external, internal in captures:
+            placeholder = new_graph.capture(external, name=internal.op.name)
+            _copy_handle_data(internal, placeholder)
+            new_captures.append(placeholder)
+        input_map = {t.name: new for t, new in zip(arg_inputs, new_args, strict=False)}
+        input_map.update(
+            {internal.name: new for (_, internal), new in zip(captures, new_captures, strict=False)}
+        )
+        imported = _import(graph_def, input_map, output_tensors, control_ops)
+    tensor_map = dict(zip((t.name for t in output_tensors), imported[0], strict=False))
+    tensor_map.update(input_map)
+
+    def remap(value: Any) -> Any:
+        if isinstance(value, tf.Tensor) and not isinstance(value, ops.EagerTensor):
+            return tensor_map[value.name]
+        return value
+
+    new_graph.inputs = new_args + new_captures
+    new_graph.structured_input_signature = graph.structured_input_signature
+    new_graph.structured_outputs = nest.map_structure(
+        remap, graph.structured_outputs, expand_composites=True
+    )
+    new_graph.outputs = [tensor_map[t.name] for t in output_tensors]
+    new_graph.control_outputs = list(imported[1])
+    new_graph.variables = graph.variables
+
+    attrs = {}
+    if jit_compile:
+        attrs[_XLA_MUST_COMPILE] = True
+    rebuilt = cf_lib.ConcreteFunction.from_func_graph(
+        new_graph, original.function_type, attrs=attrs
+    )
+    # The flat calling convention (positional / keyword argument names) is set by tf.function
+    # after tracing; copy it so flat calls behave the same.
+    rebuilt._arg_keywords = original._arg_keywords  # noqa: SLF001
+    rebuilt._num_positional_args = original._num_positional_args  # noqa: SLF001
+    return rebuilt
+
+
+def _copy_handle_data(source: tf.Tensor, target: tf.Tensor) -> None:
+    """Resource placeholders carry the variable's dtype/shape as handle data; keep it."""
+    if source.dtype in (tf.resource, tf.variant):
+        from tensorflow.python.ops import handle_data_util
+
+        handle_data_util.copy_handle_data(source, target)
+
+
+def _import(
+    graph_def: graph_pb2.GraphDef,
+    input_map: dict[str, tf.Tensor],
+    outputs: list[tf.Tensor],
+    control_ops: list[Any],
+) -> tuple[list[tf.Tensor], list[Any]]:
+    """Imports ``graph_def`` into the default graph; returns the remapped outputs / control ops."""
+    mapped = set(input_map)
+    fetch_names = [t.name for t in outputs if t.name not in mapped]
+    control_names = [op.name for op in control_ops]
+    elements = importer.import_graph_def(
+        graph_def,
+        input_map=input_map,
+        return_elements=fetch_names + control_names,
+        name="",
+    )
+    fetched = dict(zip(fetch_names, elements[: len(fetch_names)], strict=False))
+    new_outputs = [input_map[t.name] if t.name in mapped else fetched[t.name] for t in outputs]
+    return new_outputs, list(elements[len(fetch_names) :])
+
+
+class Function:
+    """A ``tf.function`` whose every concrete function runs the mixed-precision rewrite.
+
+    Tracing is delegated to a plain ``tf.function`` (so retracing rules, ``input_signature`` and
+    ``reduce_retracing`` behave exactly as users expect); each traced concrete function is
+    rewritten and rebuilt once and cached. ``jit_compile`` is applied to the *rebuilt* function:
+    the rewrite must see the graph before XLA clusters it.
+    """
+
+    def __init__(
+        self,
+        python_function: Callable[..., Any],
+        *,
+        rewrite: _graphdef.RewriteFn | None = None,
+        rewrite_config: Any = None,
+        jit_compile: bool | None = None,
+        **tf_function_kwargs: Any,
+    ) -> None:
+        self._python_function = python_function
+        self._jit_compile = jit_compile
+        self._rewrite_config = rewrite_config
+        self._rewrite = rewrite
+        self._tf_function_kwargs = dict(tf_function_kwargs)
+        self._traced = tf.function(python_function, **tf_function_kwargs)
+        self._cache: dict[int, tuple[Any, Any]] = {}
+        self.reports: list[Any] = []  # one RewriteReport per rewritten trace
+        self._lock = threading.Lock()
+        functools.update_wrapper(self, python_function)
+
+    @property
+    def python_function(self) -> Callable[..., Any]:
+        """The wrapped Python function (as ``tf.function`` exposes it)."""
+        return self._python_function
+
+    @property
+    def jit_compile(self) -> bool | None:
+        return self._jit_compile
+
+    def _rewrite_fn(self) -> _graphdef.RewriteFn:
+        if self._rewrite is None:
+            self._rewrite = _graphdef.default_rewrite(self._rewrite_config, self.reports)
+        return self._rewrite
+
+    def get_concrete_function(self, *args: Any, **kwargs: Any) -> Any:
+        """The rewritten concrete function for these arguments (traced and rebuilt once)."""
+        original = self._traced.get_concrete_function(*args, **kwargs)
+        key = id(original)
+        cached = self._cache.get(key)
+        if cached is not None and cached[0] is original:
+            return cached[1]
+        with self._lock:
+            cached = self._cache.get(key)
+            if cached is not None and cached[0] is original:
+                return cached[1]
+            rebuilt = rebuild_concrete_function(original, self._rewrite_fn(), self._jit_compile)
+            self._cache[key] = (original, rebuilt)
+            return rebuilt
+
+    def get_original_concrete_function(self, *args: Any, **kwargs: Any) -> Any:
+        """The float32 concrete function ``tf.function`` traced (useful to compare)."""
+        return self._traced.get_concrete_function(*args, **kwargs)
+
+    def experimental_get_tracing_count(self) -> int:
+        return self._traced.experimental_get_tracing_count()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.get_concrete_function(*args, **kwargs)(*args, **kwargs)
+
+    def __get__(self, instance: Any, owner: Any = None) -> Any:
+        """Binds like a method, so ``@tf_amp.function`` works on methods (one cache per object)."""
+        if instance is None:
+            return self
+        bound = instance.__dict__.get(self._bound_attr())
+        if bound is None:
+            bound = Function(
+                self._python_function.__get__(instance, owner),
+                rewrite=self._rewrite,
+                rewrite_config=self._rewrite_config,
+                jit_compile=self._jit_compile,
+                **self._tf_kwargs(),
+            )
+            instance.__dict__[self._bound_attr()] = bound
+        return bound
+
+    def _bound_attr(self) -> str:
+        return f"_tf_amp_bound_{id(self)}"
+
+    def _tf_kwargs(self) -> dict[str, Any]:
+        return dict(self._tf_function_kwargs)
+
+
+def function(
+    func: Callable[..., Any] | None = None,
+    input_signature: Any = None,
+    autograph: bool = True,
+    jit_compile: bool | None = None,
+    reduce_retracing: bool = False,
+    experimental_implements: str | None = None,
+    experimental_autograph_options: Any = None,
+    experimental_attributes: dict[str, Any] | None = None,
+    experimental_relax_shapes: bool | None = None,
+    experimental_compile: bool | None = None,
+    experimental_follow_type_hints: bool | None = None,
+    *,
+    config: Any = None,
+) -> Any:
+    """Like ``tf.function``, but the traced graph runs in mixed precision.
+
+    Same signature as ``tf.function`` plus ``config`` (a ``tf_amp.RewriteConfig``; default: from
+    the environment). Usable as ``@tf_amp.function``, ``@tf_amp.function(jit_compile=True)`` or
+    ``tf_amp.function(fn)``.
+    """
+    if experimental_compile is not None and jit_compile is None:
+        jit_compile = experimental_compile
+    if experimental_relax_shapes:
+        reduce_retracing = True
+    tf_kwargs: dict[str, Any] = {
+        "input_signature": input_signature,
+        "autograph": autograph,
+        "reduce_retracing": reduce_retracing,
+        "experimental_implements": experimental_implements,
+        "experimental_autograph_options": experimental_autograph_options,
+        "experimental_attributes": experimental_attributes,
+        "experimental_follow_type_hints": experimental_follow_type_hints,
+    }
+
+    def decorate(fn: Callable[..., Any]) -> Function:
+        return Function(fn, rewrite_config=config, jit_compile=jit_compile, **tf_kwargs)
+
+    return decorate if func is None else decorate(func)

@@ -1,0 +1,268 @@
+"""Keras 3 ``fit`` / ``evaluate`` / ``predict`` running the mixed-precision rewritten step.
+
+How: ``fit()`` calls ``model.make_train_function()`` and then ``model.train_function(iterator)``
+(DESIGN.md section 4), and ``compile()`` resets ``train_function``. We replace the *instance's*
+``make_train_function`` (and the test / predict ones) with builders whose per-batch step is a
+:class:`tf_amp.runtime.function.Function`; the loop over ``steps_per_execution`` batches stays a
+plain ``tf.function`` around it, exactly as Keras builds it. Unchanged user code, unchanged
+``fit()``; other models and the ``Model`` class are untouched.
+
+Decision on ``evaluate`` and ``predict``: they run the rewritten graph too (``inference=True``,
+the default). Validation then measures the model as it is actually trained and served in mixed
+precision, and inference gets the same speed-up; outputs (metrics, predictions) keep their
+float32 dtype because the rewrite never changes the dtype of a fetched output. Pass
+``inference=False`` to keep them float32.
+
+``jit_compile`` is honoured: the rewritten step is compiled with XLA when ``model.jit_compile``
+is true (Keras's ``"auto"`` resolves to true for most TF models). ``run_eagerly=True`` cannot be
+rewritten (there is no graph); it runs float32 with one warning.
+"""
+
+from __future__ import annotations
+
+import logging
+import types
+from typing import Any
+
+import tensorflow as tf
+
+from tf_amp.runtime.function import Function
+
+_LOG = logging.getLogger("tf_amp")
+_MARK = "_tf_amp_keras_hook"
+_BUILDERS = ("make_train_function", "make_test_function", "make_predict_function")
+_FUNCTIONS = ("train_function", "test_function", "predict_function")
+
+
+def install(model: Any, *, inference: bool = True, config: Any = None) -> None:
+    """Makes ``model.fit`` (and, with ``inference``, evaluate/predict) run the rewritten step.
+
+    Idempotent. Resets the model's cached functions so the next call builds rewritten ones.
+    ``config`` is a ``tf_amp.RewriteConfig`` (default: from the environment).
+    """
+    model.make_train_function = types.MethodType(_builder("train", config), model)
+    if inference:
+        model.make_test_function = types.MethodType(_builder("test", config), model)
+        model.make_predict_function = types.MethodType(_builder("predict", config), model)
+    else:
+        for name in _BUILDERS[1:]:
+            model.__dict__.pop(name, None)
+    _reset_functions(model)
+    model.__dict__[_MARK] = {"inference": inference}
+
+
+def uninstall(model: Any) -> None:
+    """Undoes :func:`install`: the model's own Keras builders are used again."""
+    if _MARK not in model.__dict__:
+        return
+    for name in _BUILDERS:
+        model.__dict__.pop(name, None)
+    model.__dict__.pop(_MARK, None)
+    _reset_functions(model)
+
+
+def is_installed(model: Any) -> bool:
+    """True when ``model``'s fit runs the rewritten step."""
+    return _MARK in getattr(model, "__dict__", {})
+
+
+def rewritten_functions(model: Any) -> dict[str, Function]:
+    """The per-batch rewritten step functions built so far, by kind (for inspection and tests)."""
+    return dict(model.__dict__.get("_tf_amp_steps", {}))
+
+
+def _reset_functions(model: Any) -> None:
+    for name in _FUNCTIONS:
+        if hasattr(model, name):
+            setattr(model, name, None)
+    model.__dict__.pop("_tf_amp_steps", None)
+
+
+def _builder(kind: str, config: Any):
+    """A replacement for ``make_<kind>_function`` bound to the model instance."""
+    attr = {"train": "train_function", "test": "test_function", "predict": "predict_function"}[kind]
+
+    def make_function(self: Any, force: bool = False) -> Any:
+        if getattr(self, attr) is not None and not force:
+            return getattr(self, attr)
+        step = {"train": self.train_step, "test": self.test_step, "predict": self.predict_step}[
+            kind
+        ]
+        if kind == "predict":
+            function = _make_predict_function(self, step, config)
+        else:
+            function = _make_step_function(self, step, kind, config)
+        setattr(self, attr, function)
+        return function
+
+    return make_function
+
+
+def _one_step(model: Any, step_function: Any, kind: str, config: Any) -> Any:
+    """The per-batch step under the distribution strategy, rewritten unless run eagerly."""
+    from keras.src.backend.tensorflow.trainer import reduce_per_replica
+
+    reduction = "concat" if kind == "predict" else "auto"
+
+    @tf.autograph.experimental.do_not_convert
+    def one_step_on_data(data: Any) -> Any:
+        if kind == "predict":
+            data = data[0]
+        outputs = model.distribute_strategy.run(step_function, args=(data,))
+        return reduce_per_replica(outputs, model.distribute_strategy, reduction=reduction)
+
+    if model.run_eagerly:
+        _LOG.warning(
+            "tf_amp: model %r runs eagerly (run_eagerly=True); there is no graph to rewrite, "
+            "so its %s step runs in float32.",
+            model.name,
+            kind,
+        )
+        return one_step_on_data
+    step = Function(
+        one_step_on_data,
+        rewrite_config=config,
+        jit_compile=bool(model.jit_compile),
+        reduce_retracing=True,
+    )
+    model.__dict__.setdefault("_tf_amp_steps", {})[kind] = step
+    return _convert_optionals(step)
+
+
+def _convert_optionals(step: Any) -> Any:
+    """Keras passes empty ``tf.experimental.Optional`` for missing y / sample_weight."""
+    from keras.src import tree
+
+    def wrapper(data: Any) -> Any:
+        data = tree.map_structure(
+            lambda i: None if isinstance(i, tf.experimental.Optional) else i, data
+        )
+        return step(data)
+
+    return wrapper
+
+
+def _make_step_function(model: Any, step_function: Any, kind: str, config: Any) -> Any:
+    """Mirrors Keras's ``TensorFlowTrainer._make_function`` with a rewritten per-batch step."""
+    one_step_on_data = _one_step(model, step_function, kind, config)
+    steps = int(model.steps_per_execution)
+
+    @tf.autograph.experimental.do_not_convert
+    def multi_step_on_iterator(iterator: Any) -> Any:
+        if steps == 1:
+            return tf.experimental.Optional.from_value(one_step_on_data(iterator.get_next()))
+        # Run the first step outside the loop: it fixes the output structure (Optional spec)
+        # the loop carries; then run the remaining steps while data lasts.
+        # get_next() raises OutOfRangeError at the end of data, which fit() catches.
+        outputs = one_step_on_data(iterator.get_next())
+        flat = tf.nest.flatten(outputs)
+
+        def cond(i: Any, *_: Any) -> Any:
+            return tf.less(i, steps)
+
+        def body(i: Any, *carried: Any) -> Any:
+            nxt = iterator.get_next_as_optional()
+
+            def run() -> Any:
+                return tf.nest.flatten(one_step_on_data(nxt.get_value()))
+
+            def stop() -> Any:
+                return list(carried)
+
+            new = tf.cond(nxt.has_value(), run, stop)
+            i = tf.where(nxt.has_value(), i + 1, steps)
+            return (i, *new)
+
+        result = tf.while_loop(cond, body, (tf.constant(1), *flat))
+        outputs = tf.nest.pack_sequence_as(outputs, list(result[1:]))
+        return tf.experimental.Optional.from_value(outputs)
+
+    if not model.run_eagerly:
+        multi_step_on_iterator = tf.function(multi_step_on_iterator, reduce_retracing=True)
+
+    def function(iterator: Any) -> Any:
+        if isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
+            opt_outputs = multi_step_on_iterator(iterator)
+            if not opt_outputs.has_value():
+                raise StopIteration
+            return opt_outputs.get_value()
+        outputs = None
+        for _, data in zip(range(steps), iterator, strict=False):
+            outputs = one_step_on_data(data)
+        return outputs
+
+    return function
+
+
+def _make_predict_function(model: Any, step_function: Any, config: Any) -> Any:
+    """Mirrors Keras's ``make_predict_function`` with a rewritten per-batch step."""
+    one_step_on_data = _one_step(model, step_function, "predict", config)
+
+    @tf.autograph.experimental.do_not_convert
+    def predict_function(data: Any) -> Any:
+        outputs = one_step_on_data(data[:1])
+        for single_step_data in data[1:]:
+            step_outputs = one_step_on_data([single_step_data])
+            outputs = tf.nest.map_structure(
+                lambda t1, t2: tf.concat([t1, t2], axis=0), outputs, step_outputs
+            )
+        return outputs
+
+    if not model.run_eagerly:
+        predict_function = tf.function(predict_function, reduce_retracing=True)
+    return predict_function
+
+
+# --- compile hook: used by the environment activation and by enable_mixed_precision_graph_rewrite
+
+
+def wants_rewrite(optimizer: Any) -> bool:
+    """True when this optimizer asks for the graph rewrite, or it is enabled globally."""
+    if getattr(optimizer, "_tf_amp_graph_rewrite", False):
+        return True
+    from tf_amp.runtime import activation
+
+    return activation.rewrite_enabled_globally()
+
+
+_ORIGINAL_COMPILE: list[Any] = []
+
+
+def install_compile_hook() -> None:
+    """Patches ``keras.Model.compile`` so a rewrite-enabled optimizer installs the fit hook.
+
+    The patch is inert for every other model: it only acts when :func:`wants_rewrite` is true,
+    and :func:`uninstall_compile_hook` restores the original method exactly.
+    """
+    import keras
+
+    if _ORIGINAL_COMPILE:
+        return
+    original = keras.Model.compile
+    _ORIGINAL_COMPILE.append(original)
+
+    def compile(self: Any, optimizer: Any = "rmsprop", *args: Any, **kwargs: Any) -> Any:  # noqa: A001
+        result = original(self, optimizer, *args, **kwargs)
+        if wants_rewrite(getattr(self, "optimizer", optimizer)):
+            install(self)
+        else:
+            uninstall(self)
+        return result
+
+    compile.__wrapped__ = original  # type: ignore[attr-defined]
+    compile.__doc__ = original.__doc__
+    compile._tf_amp_patch = True  # type: ignore[attr-defined]
+    keras.Model.compile = compile
+
+
+def uninstall_compile_hook() -> None:
+    """Restores ``keras.Model.compile``; models already hooked keep their hook until recompiled."""
+    if not _ORIGINAL_COMPILE:
+        return
+    import keras
+
+    keras.Model.compile = _ORIGINAL_COMPILE.pop()
+
+
+def compile_hook_installed() -> bool:
+    return bool(_ORIGINAL_COMPILE)

@@ -1,0 +1,198 @@
+"""``tf_amp.Session``: a TF1 ``Session`` that runs the mixed-precision rewrite of its graph.
+
+Typical use (a drop-in for ``tf.compat.v1.Session``)::
+
+    with tf_amp.Session() as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        for x, y in batches:
+            _, loss_value = sess.run([train_op, loss], {images: x, labels: y})
+        saver.save(sess, "ckpt/model")
+
+How (DESIGN.md section 4): the user's graph is rewritten with ``preserve_names=True`` and
+imported into a private graph that a private session runs. Every original node name still
+exists there and still yields its original dtype (an op that became half moved to a new name
+and a Cast back to float took its name), so fetches and feeds are mapped by name, fetched values
+keep their dtypes, and ``Saver`` (which runs ops by name) works against ``sess.graph``, which stays
+the user's graph. Variables keep their names and dtypes, so checkpoints are interchangeable with
+float32 training. Ops the user adds later are rewritten and imported incrementally on the next
+``run``, with the already imported nodes held fixed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import tensorflow as tf
+from tensorflow.core.framework import graph_pb2
+from tensorflow.python.client import session as session_lib
+from tensorflow.python.framework import importer
+
+from tf_amp.runtime import _graphdef
+
+_LOG = logging.getLogger("tf_amp")
+
+
+class Session(session_lib.Session):
+    """Runs the name-preserving mixed-precision rewrite of ``graph``; otherwise a TF1 Session.
+
+    ``rewrite_config`` is a ``tf_amp.RewriteConfig`` (default: from the environment);
+    ``preserve_names`` is always forced on, because name-based fetching depends on it.
+    """
+
+    def __init__(
+        self,
+        target: str = "",
+        graph: tf.Graph | None = None,
+        config: Any = None,
+        *,
+        rewrite_config: Any = None,
+    ) -> None:
+        super().__init__(target, graph, config)  # self._graph: the user's graph (sess.graph)
+        self._amp_graph = tf.Graph()
+        self._amp_inner = session_lib.Session(target, graph=self._amp_graph, config=config)
+        self._amp_rewrite_config = rewrite_config
+        self._amp_imported: set[str] = set()  # user node names already in the private graph
+        self._amp_synced_version = -1
+        self._amp_sync_lock = threading.Lock()
+        self.rewrite_reports: list[Any] = []  # one report per rewrite, for inspection
+
+    # -- the private, rewritten graph -------------------------------------------------------
+
+    @property
+    def rewritten_graph(self) -> tf.Graph:
+        """The graph this session actually runs (for inspection and tests)."""
+        self._sync()
+        return self._amp_graph
+
+    def _amp_config(self, frozen: frozenset[str]) -> Any:
+        from tf_amp.config import RewriteConfig
+
+        base = self._amp_rewrite_config or RewriteConfig.from_env()
+        return dataclasses.replace(
+            base, preserve_names=True, preserve_nodes=frozenset(base.preserve_nodes) | frozen
+        )
+
+    def _sync(self) -> None:
+        """Rewrites and imports the user's nodes that the private graph lacks."""
+        if self._graph.version == self._amp_synced_version:
+            return
+        with self._amp_sync_lock:
+            version = self._graph.version
+            if version == self._amp_synced_version:
+                return
+            graph_def = self._graph.as_graph_def()
+            if any(n.name not in self._amp_imported for n in graph_def.node):
+                self._import_new(graph_def)
+            self._amp_synced_version = version
+
+    def _import_new(self, graph_def: graph_pb2.GraphDef) -> None:
+        from tf_amp.rewriter import rewrite_graph_def
+
+        frozen = frozenset(self._amp_imported)
+        result = rewrite_graph_def(graph_def, self._amp_config(frozen))
+        self.rewrite_reports.append(result.report)
+        existing = {op.name for op in self._amp_graph.get_operations()}
+        subset = graph_pb2.GraphDef()
+        subset.versions.CopyFrom(result.graph_def.versions)
+        subset.library.CopyFrom(result.graph_def.library)
+        for node in result.graph_def.node:
+            if node.name not in existing:
+                subset.node.add().CopyFrom(node)
+        subset = _graphdef.rename_library_functions(subset) if frozen else subset
+        input_map = self._external_inputs(subset, existing)
+        with self._amp_graph.as_default():
+            importer.import_graph_def(subset, input_map=input_map, name="")
+        self._amp_imported |= {n.name for n in graph_def.node}
+
+    def _external_inputs(
+        self, subset: graph_pb2.GraphDef, existing: set[str]
+    ) -> dict[str, Any]:
+        """Maps inputs of the new nodes that name already imported nodes to those nodes."""
+        inside = {n.name for n in subset.node}
+        input_map: dict[str, Any] = {}
+        for node in subset.node:
+            for name in node.input:
+                control = name.startswith("^")
+                op_name = name[1:] if control else name.split(":")[0]
+                if op_name in inside or op_name not in existing:
+                    continue
+                if control:
+                    input_map[name] = self._amp_graph.get_operation_by_name(op_name)
+                else:
+                    tensor = name if ":" in name else f"{name}:0"
+                    input_map[name] = self._amp_graph.get_tensor_by_name(tensor)
+        return input_map
+
+    # -- mapping user-graph objects to the private graph -------------------------------------
+
+    def _map(self, fetch: Any) -> Any:
+        """Maps a (nested) fetch or feed key of the user's graph to the private graph."""
+        if fetch is None:
+            return None
+        if isinstance(fetch, (str, bytes)):
+            return self._amp_graph.as_graph_element(
+                fetch.decode() if isinstance(fetch, bytes) else fetch
+            )
+        if isinstance(fetch, tf.Operation):
+            return self._amp_graph.get_operation_by_name(fetch.name)
+        if isinstance(fetch, tf.Tensor):
+            return self._amp_graph.get_tensor_by_name(fetch.name)
+        if isinstance(fetch, tf.SparseTensor):
+            return tf.SparseTensor(
+                self._map(fetch.indices), self._map(fetch.values), self._map(fetch.dense_shape)
+            )
+        if isinstance(fetch, Mapping):
+            return type(fetch)((k, self._map(v)) for k, v in fetch.items())
+        if isinstance(fetch, tuple) and hasattr(fetch, "_fields"):
+            return type(fetch)(*(self._map(v) for v in fetch))
+        if isinstance(fetch, (list, tuple)):
+            return type(fetch)(self._map(v) for v in fetch)
+        if hasattr(fetch, "_as_graph_element"):
+            return self._map(fetch._as_graph_element())  # noqa: SLF001
+        raise TypeError(
+            f"tf_amp.Session cannot fetch or feed {fetch!r} of type {type(fetch).__name__}"
+        )
+
+    def _map_feeds(self, feed_dict: Mapping[Any, Any] | None) -> dict[Any, Any] | None:
+        if not feed_dict:
+            return feed_dict
+        return {self._map(key): value for key, value in feed_dict.items()}
+
+    # -- Session API ------------------------------------------------------------------------
+
+    def run(
+        self,
+        fetches: Any,
+        feed_dict: Mapping[Any, Any] | None = None,
+        options: Any = None,
+        run_metadata: Any = None,
+    ) -> Any:
+        """Runs the rewritten graph; same arguments and results as ``Session.run``."""
+        self._sync()
+        return self._amp_inner.run(
+            self._map(fetches), self._map_feeds(feed_dict), options, run_metadata
+        )
+
+    def make_callable(
+        self, fetches: Any, feed_list: list[Any] | None = None, accept_options: bool = False
+    ) -> Any:
+        self._sync()
+        mapped_feeds = None if feed_list is None else [self._map(f) for f in feed_list]
+        return self._amp_inner.make_callable(self._map(fetches), mapped_feeds, accept_options)
+
+    def partial_run_setup(self, fetches: Any, feeds: list[Any] | None = None) -> Any:
+        self._sync()
+        mapped_feeds = None if feeds is None else [self._map(f) for f in feeds]
+        return self._amp_inner.partial_run_setup(self._map(fetches), mapped_feeds)
+
+    def partial_run(self, handle: Any, fetches: Any, feed_dict: Any = None) -> Any:
+        self._sync()
+        return self._amp_inner.partial_run(handle, self._map(fetches), self._map_feeds(feed_dict))
+
+    def close(self) -> None:
+        self._amp_inner.close()
+        super().close()
