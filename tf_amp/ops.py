@@ -32,6 +32,11 @@ _LOG = logging.getLogger("tf_amp")
 _LIBRARY_BASENAME = "_tf_amp_ops.so"
 _FORCE_FALLBACK_ENV = "TF_AMP_FORCE_FALLBACK_OP"
 _SUPPORTED_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
+_OP_NAME = "TfAmpUnscaleAndCheckFinite"
+
+# Gradients are the end of the backward pass: nothing differentiates through their unscaling,
+# and saying so lets tapes and tf.gradients stop here instead of failing on a missing gradient.
+tf.no_gradient(_OP_NAME)
 
 
 @functools.lru_cache(maxsize=1)

@@ -1,0 +1,270 @@
+"""Specification of tf_amp.ops.unscale_and_check_finite: native op and TF fallback.
+
+Every case runs on both paths (``use_native`` True / False); the native library must be built
+(``pip install --no-build-isolation -e .``), and a missing build fails these tests rather than
+silently testing the fallback twice.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import ml_dtypes
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tf_amp import ops
+
+DTYPES = [tf.float16, tf.bfloat16, tf.float32, tf.float64]
+PATHS = [pytest.param(True, id="native"), pytest.param(False, id="fallback")]
+SCALE = 1536.0  # not a power of two: rounding of 1/scale matters and must match TF exactly
+
+
+def numpy_reference(values: np.ndarray, dtype: tf.DType, scale: float) -> np.ndarray:
+    """What the op promises, computed in numpy (see tf_amp/ops.py's arithmetic contract)."""
+    if dtype == tf.float64:
+        return values * (1.0 / np.float64(np.float32(scale)))
+    inverse = np.float32(1.0) / np.float32(scale)
+    if dtype == tf.float32:
+        return values * inverse
+    wide = values.astype(np.float32) * inverse
+    return wide.astype(ml_dtypes.bfloat16 if dtype == tf.bfloat16 else np.float16)
+
+
+def random_grads(dtype: tf.DType, shapes, seed: int = 0) -> list[tf.Tensor]:
+    rng = np.random.default_rng(seed)
+    return [tf.constant(rng.standard_normal(shape) * 100.0, dtype=dtype) for shape in shapes]
+
+
+def assert_bitwise_equal(actual: tf.Tensor, expected) -> None:
+    actual_np = actual.numpy()
+    expected_np = np.asarray(expected).astype(actual_np.dtype)
+    assert actual_np.shape == expected_np.shape
+    np.testing.assert_array_equal(actual_np.view(np.uint8), expected_np.view(np.uint8))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _native_library_is_built():
+    assert ops.native_op_available(), (
+        "native op library not loaded; build it with `pip install --no-build-isolation -e .`"
+    )
+
+
+@pytest.mark.parametrize("use_native", PATHS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+def test_finite_gradients_are_unscaled_exactly(dtype, use_native):
+    grads = random_grads(dtype, [(3, 5), (1000,), (7, 1, 3)])
+    unscaled, all_finite = ops.unscale_and_check_finite(grads, SCALE, use_native=use_native)
+    assert bool(all_finite.numpy()) is True
+    for grad, out in zip(grads, unscaled):
+        assert out.dtype == dtype and out.shape == grad.shape
+        assert_bitwise_equal(out, numpy_reference(grad.numpy(), dtype, SCALE))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+def test_matches_tensorflow_multiply_by_inverse(dtype):
+    # For float32/float64 the op is `g * (1/scale)`; for half types with a power-of-two scale
+    # (what dynamic loss scaling uses) it also equals Keras's `g * cast(1/scale, g.dtype)`.
+    scale = 2.0**15 if dtype in (tf.float16, tf.bfloat16) else SCALE
+    (grad,) = random_grads(dtype, [(4096,)], seed=3)
+    (out,), _ = ops.unscale_and_check_finite([grad], scale, use_native=True)
+    if dtype == tf.float64:
+        expected = grad * (1.0 / tf.cast(tf.constant(scale, tf.float32), tf.float64))
+    else:
+        expected = grad * tf.cast(1.0 / tf.constant(scale, tf.float32), dtype)
+    assert_bitwise_equal(out, expected.numpy())
+
+
+@pytest.mark.parametrize("use_native", PATHS)
+@pytest.mark.parametrize("bad_value", [np.inf, -np.inf, np.nan], ids=["inf", "-inf", "nan"])
+@pytest.mark.parametrize("position", ["first", "middle", "last", "last_tensor"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+def test_any_non_finite_element_clears_the_flag(dtype, position, bad_value, use_native):
+    rng = np.random.default_rng(1)
+    arrays = [rng.standard_normal(shape) for shape in [(1001,), (33, 3), (517,)]]
+    target = arrays[-1] if position == "last_tensor" else arrays[0]
+    index = {"first": 0, "middle": target.size // 2, "last": target.size - 1}.get(position, 250)
+    target.reshape(-1)[index] = bad_value
+    grads = [tf.constant(a, dtype=dtype) for a in arrays]
+    unscaled, all_finite = ops.unscale_and_check_finite(grads, SCALE, use_native=use_native)
+    assert bool(all_finite.numpy()) is False
+    for grad, out in zip(grads, unscaled):
+        expected = numpy_reference(grad.numpy(), dtype, SCALE)
+        np.testing.assert_array_equal(
+            np.isnan(out.numpy().astype(np.float64)), np.isnan(expected.astype(np.float64))
+        )
+
+
+@pytest.mark.parametrize("use_native", PATHS)
+def test_overflow_while_unscaling_counts_as_non_finite(use_native):
+    # A scale below one can push a finite float16 gradient past 65504.
+    grad = tf.constant([60000.0, 1.0], tf.float16)
+    (out,), all_finite = ops.unscale_and_check_finite([grad], 0.5, use_native=use_native)
+    assert np.isinf(out.numpy()[0]) and bool(all_finite.numpy()) is False
+
+
+@pytest.mark.parametrize("use_native", PATHS)
+def test_no_gradients(use_native):
+    unscaled, all_finite = ops.unscale_and_check_finite([], SCALE, use_native=use_native)
+    assert unscaled == [] and bool(all_finite.numpy()) is True
+
+
+@pytest.mark.parametrize("use_native", PATHS)
+def test_zero_size_tensors(use_native):
+    grads = [tf.zeros((0,), tf.float32), tf.zeros((3, 0), tf.float16), tf.constant([2.0])]
+    unscaled, all_finite = ops.unscale_and_check_finite(grads, 2.0, use_native=use_native)
+    assert bool(all_finite.numpy()) is True
+    assert [u.shape for u in unscaled] == [g.shape for g in grads]
+    assert unscaled[2].numpy().tolist() == [1.0]
+
+
+@pytest.mark.parametrize("use_native", PATHS)
+def test_none_entries_and_indexed_slices_keep_their_structure(use_native):
+    values = tf.constant([[1.0, 2.0], [3.0, 4.0]])
+    sparse = tf.IndexedSlices(values * 8.0, tf.constant([0, 5]), tf.constant([10, 2]))
+    grads = [None, sparse, tf.constant([8.0]), None]
+    unscaled, all_finite = ops.unscale_and_check_finite(grads, 8.0, use_native=use_native)
+    assert unscaled[0] is None and unscaled[3] is None
+    assert isinstance(unscaled[1], tf.IndexedSlices)
+    np.testing.assert_array_equal(unscaled[1].values.numpy(), values.numpy())
+    assert unscaled[1].indices is sparse.indices
+    assert unscaled[1].dense_shape is sparse.dense_shape
+    assert bool(all_finite.numpy()) is True
+
+    bad = tf.IndexedSlices(tf.constant([[np.nan, 0.0]]), tf.constant([1]), tf.constant([4, 2]))
+    _, all_finite = ops.unscale_and_check_finite([bad], 8.0, use_native=use_native)
+    assert bool(all_finite.numpy()) is False
+
+
+@pytest.mark.parametrize("use_native", PATHS)
+def test_inside_tf_function_with_a_variable_scale(use_native):
+    scale = tf.Variable(4.0)
+
+    @tf.function
+    def step(x, y):
+        return ops.unscale_and_check_finite([x, y], scale, use_native=use_native)
+
+    (ux, uy), ok = step(tf.constant([4.0, 8.0]), tf.constant([2.0], tf.float16))
+    assert ux.numpy().tolist() == [1.0, 2.0] and uy.numpy().tolist() == [0.5]
+    assert bool(ok.numpy()) is True
+    scale.assign(0.0)  # 1/0 = inf: every non-zero gradient becomes inf
+    _, ok = step(tf.constant([4.0]), tf.constant([2.0], tf.float16))
+    assert bool(ok.numpy()) is False
+
+
+def test_in_a_tf1_graph_with_static_shapes():
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [None, 3])
+        y = tf.compat.v1.placeholder(tf.float16, [2])
+        (ux, uy), ok = ops.unscale_and_check_finite([x, y], 2.0, use_native=True)
+        assert ux.shape.as_list() == [None, 3] and uy.shape.as_list() == [2]
+        assert ok.shape.rank == 0 and ok.dtype == tf.bool
+        assert ux.op.type == "TfAmpUnscaleAndCheckFinite"
+    with tf.compat.v1.Session(graph=graph) as session:
+        out, flag = session.run([ux, ok], {x: [[2.0, 4.0, 6.0]], y: [1.0, 1.0]})
+    assert out.tolist() == [[1.0, 2.0, 3.0]] and flag
+
+
+def test_not_differentiable():
+    x = tf.Variable([1.0, 2.0])
+    with tf.GradientTape() as tape:
+        (out,), _ = ops.unscale_and_check_finite([x * 3.0], 2.0, use_native=True)
+        loss = tf.reduce_sum(out)
+    assert tape.gradient(loss, x) is None
+
+
+def test_non_scalar_scale_is_rejected():
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="scalar|rank"):
+        ops.unscale_and_check_finite([tf.constant([1.0])], tf.constant([1.0, 2.0]),
+                                     use_native=True)
+
+
+def test_unsupported_dtype_names_the_gradient():
+    with pytest.raises(TypeError, match="gradient 1 has dtype int32"):
+        ops.unscale_and_check_finite([tf.constant([1.0]), tf.constant([1])], 2.0)
+
+
+def test_hundred_million_elements():
+    n = 100_000_000
+    grad = tf.fill([n], tf.constant(3.0))
+    (out,), all_finite = ops.unscale_and_check_finite([grad], 2.0, use_native=True)
+    assert bool(all_finite.numpy()) is True
+    assert float(tf.reduce_min(out)) == 1.5 and float(tf.reduce_max(out)) == 1.5
+    poisoned = tf.tensor_scatter_nd_update(grad, [[n - 1]], [np.inf])
+    _, all_finite = ops.unscale_and_check_finite([poisoned], 2.0, use_native=True)
+    assert bool(all_finite.numpy()) is False
+
+
+def _run_python(code: str, **env: str) -> str:
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **env},
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+def test_portable_and_vectorised_cpu_kernels_agree_bit_for_bit(tmp_path):
+    # TF_AMP_CPU_KERNELS=portable pins the portable loops; compare them with the default ones
+    # over every dtype, odd lengths (vector tails) and special values.
+    code = f"""
+        import numpy as np, tensorflow as tf
+        from tf_amp import ops
+        rng = np.random.default_rng(7)
+        special = np.array([0.0, -0.0, 1e-8, 6e-8, 65504.0, 65520.0, 1e30, np.inf, -np.inf, np.nan])
+        out = {{}}
+        for dtype in (tf.float16, tf.bfloat16, tf.float32, tf.float64):
+            values = np.concatenate([rng.standard_normal(1003) * 1e4, special])
+            (u,), ok = ops.unscale_and_check_finite([tf.constant(values, dtype)], 0.75,
+                                                    use_native=True)
+            out[dtype.name] = u.numpy().view(np.uint8)
+        np.savez(r"{tmp_path}/" + __import__("os").environ.get("TF_AMP_CPU_KERNELS", "best"), **out)
+    """
+    _run_python(code)
+    _run_python(code, TF_AMP_CPU_KERNELS="portable")
+    best, portable = np.load(tmp_path / "best.npz"), np.load(tmp_path / "portable.npz")
+    for name in best.files:
+        np.testing.assert_array_equal(best[name], portable[name], err_msg=name)
+
+
+def test_fallback_warning_says_why_and_appears_once():
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(
+            """
+            import logging, tensorflow as tf
+            logging.basicConfig(level=logging.WARNING, format="%(message)s")
+            from tf_amp import ops
+            assert not ops.native_op_available()
+            for _ in range(3):
+                (u,), ok = ops.unscale_and_check_finite([tf.constant([4.0])], 2.0)
+            print(float(u[0]), bool(ok))
+            """)],
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "TF_AMP_FORCE_FALLBACK_OP": "1"},
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["2.0", "True"]
+    warnings = [line for line in result.stderr.splitlines() if "native" in line]
+    assert len(warnings) == 1 and "TF_AMP_FORCE_FALLBACK_OP is set" in warnings[0]
+
+
+def test_native_requested_but_unavailable_raises():
+    _run_python(
+        """
+        import tensorflow as tf
+        from tf_amp import ops
+        try:
+            ops.unscale_and_check_finite([tf.constant([1.0])], 2.0, use_native=True)
+        except RuntimeError as error:
+            assert "unavailable" in str(error)
+        else:
+            raise SystemExit("no error")
+        """,
+        TF_AMP_FORCE_FALLBACK_OP="1",
+    )
