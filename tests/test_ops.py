@@ -60,7 +60,7 @@ def test_finite_gradients_are_unscaled_exactly(dtype, use_native):
     grads = random_grads(dtype, [(3, 5), (1000,), (7, 1, 3)])
     unscaled, all_finite = ops.unscale_and_check_finite(grads, SCALE, use_native=use_native)
     assert bool(all_finite.numpy()) is True
-    for grad, out in zip(grads, unscaled):
+    for grad, out in zip(grads, unscaled, strict=True):
         assert out.dtype == dtype and out.shape == grad.shape
         assert_bitwise_equal(out, numpy_reference(grad.numpy(), dtype, SCALE))
 
@@ -92,7 +92,7 @@ def test_any_non_finite_element_clears_the_flag(dtype, position, bad_value, use_
     grads = [tf.constant(a, dtype=dtype) for a in arrays]
     unscaled, all_finite = ops.unscale_and_check_finite(grads, SCALE, use_native=use_native)
     assert bool(all_finite.numpy()) is False
-    for grad, out in zip(grads, unscaled):
+    for grad, out in zip(grads, unscaled, strict=True):
         expected = numpy_reference(grad.numpy(), dtype, SCALE)
         np.testing.assert_array_equal(
             np.isnan(out.numpy().astype(np.float64)), np.isnan(expected.astype(np.float64))

@@ -143,6 +143,6 @@ def unscale_and_check_finite(
         unscaled, all_finite = _fallback(values, scale)
 
     result: list[Any] = list(grads)
-    for i, value in zip(present, unscaled):
+    for i, value in zip(present, unscaled, strict=True):
         result[i] = _rebuild(grads[i], value)
     return result, all_finite
