@@ -1,0 +1,68 @@
+"""``enable_mixed_precision_graph_rewrite(opt)``: the one-line entry point of the NVIDIA recipe.
+
+It wraps the optimizer with loss scaling and marks the graph rewrite as wanted. Connecting the
+rewrite to the training step is done by ``tf_amp.runtime`` (it checks ``is_rewrite_enabled()``
+or the ``_tf_amp_graph_rewrite`` attribute on the optimizer it is handed).
+
+Why a flag and a marker both: a process-wide switch is what TF1's API offered (and what
+``disable_mixed_precision_graph_rewrite`` turns off, so a test that enabled it can clean up);
+the attribute on the returned optimizer lets the runtime decide per model, without global state.
+
+Typical use::
+
+    opt = tf_amp.enable_mixed_precision_graph_rewrite(keras.optimizers.Adam())
+    model.compile(optimizer=opt, loss="mse")
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from tf_amp.optimizers import LossScaleOptimizer, _common
+
+_LOCK = threading.Lock()
+_ENABLED = False
+
+
+def enable_mixed_precision_graph_rewrite(
+    opt: Any, loss_scale: Any = "dynamic", **kwargs: Any
+) -> Any:
+    """Returns ``opt`` wrapped in a ``tf_amp.LossScaleOptimizer`` and turns the rewrite on.
+
+    Args:
+      opt: a Keras 3 optimizer or a ``tf.compat.v1.train.Optimizer`` (not yet wrapped).
+      loss_scale: ``"dynamic"``, a number (static) or a ``tf_amp.LossScale``.
+      **kwargs: passed to the wrapper (``enabled``, ``max_consecutive_skips``...).
+
+    Raises:
+      ValueError: ``opt`` is already loss-scaled (by tf_amp or Keras); pass the original.
+      TypeError: ``opt`` is not a supported optimizer; the message says what to pass.
+    """
+    global _ENABLED
+    wrapped = LossScaleOptimizer(opt, loss_scale=loss_scale, **kwargs)
+    setattr(wrapped, _common.GRAPH_REWRITE_ATTR, True)
+    with _LOCK:
+        _ENABLED = True
+    return wrapped
+
+
+def disable_mixed_precision_graph_rewrite() -> None:
+    """Turns the process-wide rewrite flag off; optimizers already wrapped keep loss scaling.
+
+    Wrapped optimizers also lose their ``_tf_amp_graph_rewrite`` mark only if re-created, as in
+    TF1: disabling affects graphs built afterwards.
+    """
+    global _ENABLED
+    with _LOCK:
+        _ENABLED = False
+
+
+def is_rewrite_enabled() -> bool:
+    """True between ``enable_mixed_precision_graph_rewrite`` and ``disable_...``."""
+    return _ENABLED
+
+
+def optimizer_wants_rewrite(opt: Any) -> bool:
+    """True for an optimizer returned by ``enable_mixed_precision_graph_rewrite``."""
+    return bool(getattr(opt, _common.GRAPH_REWRITE_ATTR, False))

@@ -1,0 +1,149 @@
+"""Pieces shared by the Keras and ``tf.compat.v1`` wrappers: misuse checks, the cross-replica
+finite decision, and the "stuck at the floor" alarm.
+
+They live here so both wrappers take the same decision the same way; nothing in this module
+knows which optimizer family it serves.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import tensorflow as tf
+from tensorflow.core.framework import summary_pb2
+from tensorflow.python.ops import control_flow_util
+
+from tf_amp.loss_scale import LossScale, LossScaleState
+
+GRAPH_REWRITE_ATTR = "_tf_amp_graph_rewrite"
+"""Attribute set to True on a wrapper returned by ``enable_mixed_precision_graph_rewrite``."""
+
+SUMMARY_SCALE = "tf_amp/loss_scale"
+SUMMARY_SKIPPED = "tf_amp/skipped_steps"
+
+SUPPORTED_MESSAGE = (
+    "pass a Keras 3 optimizer (keras.optimizers.Adam(), ...) or a tf.compat.v1.train.Optimizer "
+    "(tf.compat.v1.train.AdamOptimizer(), ...)"
+)
+
+
+def check_not_wrapped(inner: Any) -> None:
+    """Raises a clear error for an optimizer that already scales the loss."""
+    if getattr(inner, "_tf_amp_loss_scale_wrapper", False):
+        raise ValueError(
+            f"{type(inner).__name__} {getattr(inner, 'name', '')!r} is already a tf_amp "
+            "LossScaleOptimizer; wrap the original optimizer once (its `inner_optimizer` is "
+            "the unwrapped one), or use the wrapper you already have"
+        )
+    keras_lso = _keras_loss_scale_optimizer_class()
+    if keras_lso is not None and isinstance(inner, keras_lso):
+        raise ValueError(
+            "the optimizer is already a keras.optimizers.LossScaleOptimizer, which scales the "
+            "loss itself; pass its `inner_optimizer` to tf_amp instead so the loss is scaled once"
+        )
+
+
+def _keras_loss_scale_optimizer_class() -> type | None:
+    keras_module = sys.modules.get("keras")
+    if keras_module is None:
+        return None
+    return getattr(keras_module.optimizers, "LossScaleOptimizer", None)
+
+
+def all_replicas_finite(finite: tf.Tensor) -> tf.Tensor:
+    """ANDs the finite flag over all replicas (in a replica context), so all decide alike.
+
+    Gradients are reduced across replicas only inside the inner optimizer, after our decision,
+    so each replica's local flag can differ: one replica with an inf must skip everyone's step.
+    """
+    if not tf.distribute.has_strategy() or tf.distribute.in_cross_replica_context():
+        return finite
+    context = tf.distribute.get_replica_context()
+    if context is None or context.num_replicas_in_sync == 1:
+        return finite
+    bad = context.all_reduce(tf.distribute.ReduceOp.SUM, tf.cast(~finite, tf.float32))
+    return tf.equal(bad, 0.0)
+
+
+def in_xla_context() -> bool:
+    """True while tracing under ``jit_compile``: no print ops there."""
+    graph = tf.compat.v1.get_default_graph()
+    return not tf.executing_eagerly() and control_flow_util.GraphOrParentsInXlaContext(graph)
+
+
+def floor_alarm(
+    policy: LossScale,
+    state: LossScaleState,
+    floor_warning_skips: int,
+    max_consecutive_skips: int | None,
+) -> tf.Tensor | None:
+    """Warns when the scale is stuck at its floor, raises after too many skips in a row.
+
+    At the floor, scaling can no longer be what overflows; the model or data produce inf/nan.
+    The warning prints once per run of skips (when ``floor_skips`` reaches the threshold) from
+    inside the graph, so it costs no host round trip on normal steps. Returns a tensor to
+    depend on, or None when there is nothing to check.
+    """
+    if in_xla_context():
+        return None
+    checks = []
+    if policy.dynamic and floor_warning_skips > 0:
+        min_scale = getattr(policy, "min_scale", 1.0)
+
+        def warn() -> tf.Tensor:
+            printed = tf.print(
+                "WARNING tf_amp: the loss scale is at its floor",
+                min_scale,
+                "and",
+                state.floor_skips,
+                "steps in a row were skipped because gradients are inf/nan even without "
+                "scaling. This is a NaN/Inf produced by the model, loss or data, not a float16 "
+                "overflow: check inputs, the learning rate, log/div/sqrt of values <= 0.",
+                output_stream=sys.stderr,
+            )
+            with tf.control_dependencies([printed] if printed is not None else []):
+                return tf.constant(True)
+
+        fire = tf.equal(state.floor_skips, floor_warning_skips)
+        checks.append(tf.cond(fire, warn, lambda: tf.constant(False)))
+    if max_consecutive_skips:
+        checks.append(
+            tf.debugging.assert_less(
+                state.consecutive_skips,
+                tf.constant(max_consecutive_skips, tf.int64),
+                message=(
+                    f"tf_amp LossScaleOptimizer: {max_consecutive_skips} consecutive steps were "
+                    "skipped for inf/nan gradients (max_consecutive_skips); training is not "
+                    "making progress. The loss scale and consecutive-skip count are"
+                ),
+            )
+        )
+    if not checks:
+        return None
+    checks = [c for c in checks if c is not None]
+    with tf.control_dependencies(checks):
+        return tf.constant(True)
+
+
+def write_summaries(scale: Any, skipped: Any, step: Any) -> None:
+    """Writes the scale and skip count to the default ``tf.summary`` writer, if any.
+
+    ``tf.summary.write`` is a trace-time no-op without a default writer, so this costs nothing
+    unless the user opened one (``with writer.as_default():``, or Keras's TensorBoard callback).
+    """
+    step = tf.cast(step, tf.int64)
+    metadata = _scalar_metadata()
+    tf.summary.write(SUMMARY_SCALE, tf.cast(scale, tf.float32), step=step, metadata=metadata)
+    tf.summary.write(SUMMARY_SKIPPED, tf.cast(skipped, tf.float32), step=step, metadata=metadata)
+
+
+def _scalar_metadata() -> bytes:
+    """TensorBoard scalar-plugin metadata, built here so TensorBoard need not be installed.
+
+    ``tf.summary.scalar`` lives in the tensorboard package; the core ``tf.summary.write`` op
+    plus this metadata produces the same event a TensorBoard scalar chart reads.
+    """
+    metadata = summary_pb2.SummaryMetadata()
+    metadata.plugin_data.plugin_name = "scalars"
+    return metadata.SerializeToString()

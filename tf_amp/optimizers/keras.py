@@ -1,0 +1,357 @@
+"""Loss scaling for Keras 3 optimizers: a wrapper that is itself a ``keras.optimizers.Optimizer``.
+
+Because the wrapper is an optimizer, ``compile``/``fit``/``model.save``/``load_model`` and
+``tf.train.Checkpoint`` take it unchanged, and its state (scale and counters) lives in optimizer
+variables that every save format already handles.
+
+Typical use::
+
+    opt = tf_amp.LossScaleOptimizer(keras.optimizers.Adam(1e-3))        # dynamic scaling
+    model.compile(optimizer=opt, loss="mse"); model.fit(x, y)
+
+    # custom loop, Keras 3 style
+    with tf.GradientTape() as tape:
+        loss = opt.scale_loss(loss_fn())
+    opt.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+
+    # custom loop, TF2 guide style (get_scaled_loss / get_unscaled_gradients)
+    with tf.GradientTape() as tape:
+        scaled = opt.get_scaled_loss(loss_fn())
+    grads = opt.get_unscaled_gradients(tape.gradient(scaled, vs))
+    opt.apply_gradients(zip(grads, vs))
+
+Per step the wrapper unscales every gradient and checks finiteness with one fused op, ANDs the
+flag across replicas, applies the inner optimizer under a ``tf.cond`` (a skipped step leaves
+weights, slots and ``iterations`` untouched) and moves the scale with ``tf_amp.loss_scale``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import keras
+import tensorflow as tf
+from keras.src import backend as keras_backend
+from keras.src.utils import tracking
+
+from tf_amp import loss_scale as loss_scale_lib
+from tf_amp.loss_scale import LossScale, LossScaleState
+from tf_amp.ops import unscale_and_check_finite
+from tf_amp.optimizers import _common
+
+# Base-optimizer arguments that belong on the inner optimizer, not on the wrapper.
+_INNER_ONLY_ARGS = {
+    "learning_rate": None,
+    "weight_decay": None,
+    "clipnorm": None,
+    "global_clipnorm": None,
+    "clipvalue": None,
+    "use_ema": False,
+    "ema_momentum": 0.99,
+    "ema_overwrite_frequency": None,
+    "loss_scale_factor": None,
+    "gradient_accumulation_steps": None,
+}
+
+_STATE_FIELDS = LossScaleState._fields
+
+
+@keras.saving.register_keras_serializable(package="tf_amp")
+class KerasLossScaleOptimizer(keras.optimizers.Optimizer):
+    """Dynamic or static loss scaling around a Keras 3 optimizer.
+
+    Args:
+      inner_optimizer: the ``keras.optimizers.Optimizer`` that applies the unscaled gradients.
+        Clipping (``clipnorm``...), weight decay and ``gradient_accumulation_steps`` stay on it
+        and act on unscaled gradients.
+      loss_scale: ``"dynamic"``, a number (static scale) or a ``tf_amp.LossScale``.
+      enabled: ``False`` makes the wrapper a pass-through (scale 1, no check, no skipping), so
+        one script can toggle mixed precision with a flag, like GradScaler(enabled=False).
+      floor_warning_skips: warn when this many steps in a row are skipped with the scale at
+        its floor (0 disables the warning).
+      max_consecutive_skips: raise ``InvalidArgumentError`` after this many consecutive
+        skipped steps (``None``: never).
+      name: optimizer name.
+    """
+
+    _tf_amp_loss_scale_wrapper = True
+
+    def __init__(
+        self,
+        inner_optimizer: keras.optimizers.Optimizer,
+        loss_scale: Any = "dynamic",
+        enabled: bool = True,
+        floor_warning_skips: int = 2,
+        max_consecutive_skips: int | None = None,
+        name: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        _common.check_not_wrapped(inner_optimizer)
+        if not isinstance(inner_optimizer, keras.optimizers.Optimizer):
+            raise TypeError(
+                f"KerasLossScaleOptimizer wraps a keras.optimizers.Optimizer, got "
+                f"{type(inner_optimizer).__name__}; {_common.SUPPORTED_MESSAGE}"
+            )
+        for arg, default in _INNER_ONLY_ARGS.items():
+            if arg in kwargs and kwargs.pop(arg) != default:
+                raise ValueError(
+                    f"LossScaleOptimizer does not take `{arg}`; set `{arg}` on the inner "
+                    "optimizer, which receives the unscaled gradients"
+                )
+        if kwargs:
+            raise TypeError(f"LossScaleOptimizer got unexpected arguments: {sorted(kwargs)}")
+        if inner_optimizer.loss_scale_factor is not None:
+            raise ValueError(
+                f"the inner optimizer has loss_scale_factor={inner_optimizer.loss_scale_factor}, "
+                "which would scale the loss a second time; create it without "
+                "loss_scale_factor and pass loss_scale="
+                f"{inner_optimizer.loss_scale_factor} to LossScaleOptimizer instead"
+            )
+        if max_consecutive_skips is not None and max_consecutive_skips < 1:
+            raise ValueError(f"max_consecutive_skips must be None or >= 1, got "
+                             f"{max_consecutive_skips}")
+        super().__init__(learning_rate=0.0, name=name)
+        self.inner_optimizer = inner_optimizer
+        self._policy = loss_scale_lib.get(loss_scale)
+        self.enabled = bool(enabled)
+        self.floor_warning_skips = int(floor_warning_skips)
+        self.max_consecutive_skips = max_consecutive_skips
+        self._grads_already_unscaled = False
+
+    # ----------------------------------------------------------------------------- state
+    @tracking.no_automatic_dependency_tracking
+    def build(self, var_list: Sequence[Any]) -> None:
+        initial = [self._policy.initial_scale] + [0] * (len(_STATE_FIELDS) - 1)
+        self._state_vars = []
+        for field, value in zip(_STATE_FIELDS, initial):
+            self._state_vars.append(
+                self.add_variable(
+                    shape=(),
+                    dtype="float32" if field == "scale" else "int64",
+                    initializer=keras.initializers.Constant(float(value)),
+                    aggregation="only_first_replica",
+                    name=f"loss_scale_{field}",
+                )
+            )
+        self.inner_optimizer.build(var_list)
+        super().build(var_list)
+
+    @property
+    def variables(self) -> list[Any]:
+        return self._variables + self.inner_optimizer.variables
+
+    def _state(self) -> LossScaleState:
+        return LossScaleState(*(v.value for v in self._state_vars))
+
+    def _assign_state(self, state: LossScaleState) -> None:
+        for variable, value in zip(self._state_vars, state):
+            variable.assign(tf.cast(value, variable.dtype))
+
+    @property
+    def loss_scale_policy(self) -> LossScale:
+        """The ``tf_amp.LossScale`` (static or dynamic) that moves the scale."""
+        return self._policy
+
+    @property
+    def dynamic(self) -> bool:
+        return self._policy.dynamic
+
+    @property
+    def initial_scale(self) -> float:
+        return self._policy.initial_scale
+
+    @property
+    def dynamic_growth_steps(self) -> int | None:
+        return getattr(self._policy, "growth_interval", None)
+
+    @property
+    def loss_scale(self) -> tf.Tensor:
+        """The current scale (float32 scalar); 1 when disabled. Assign to set it (apex-style)."""
+        if not self.enabled:
+            return tf.constant(1.0)
+        if not self.built:
+            return tf.constant(self._policy.initial_scale, tf.float32)
+        return tf.convert_to_tensor(self._state_vars[0].value)
+
+    @loss_scale.setter
+    def loss_scale(self, value: float) -> None:
+        self.set_loss_scale(value)
+
+    def set_loss_scale(self, value: float) -> None:
+        """Sets the current scale, e.g. to change a static scale mid-training."""
+        if not self.built:
+            raise ValueError(
+                "the optimizer has no variables yet; call build(model.trainable_variables) or "
+                "train one step before setting the loss scale"
+            )
+        self._state_vars[0].assign(float(value))
+
+    @property
+    def dynamic_counter(self) -> tf.Tensor:
+        """Consecutive finite steps since the scale last changed."""
+        return tf.convert_to_tensor(self._state_vars[1].value)
+
+    @property
+    def skipped_steps(self) -> tf.Tensor:
+        """Total number of skipped (non-finite) steps."""
+        return tf.convert_to_tensor(self._state_vars[2].value)
+
+    def loss_scale_metrics(self) -> dict[str, tf.Tensor]:
+        """``{"loss_scale": ..., "skipped_steps": ...}`` for logs, progress bars, TensorBoard."""
+        return {"loss_scale": self.loss_scale, "skipped_steps": tf.cast(
+            self.skipped_steps if self.built else tf.constant(0, tf.int64), tf.float32)}
+
+    # ------------------------------------------------------------------- custom-loop API
+    def scale_loss(self, loss: Any) -> Any:
+        """``loss * scale`` (in float32 for 16-bit losses); Keras's ``fit`` calls this."""
+        if callable(loss):
+            return lambda: self.scale_loss(loss())
+        if not self.enabled:
+            return loss
+        state = self._state() if self.built else self._policy.initial_state()
+        return self._policy.scale(loss, state)
+
+    def get_scaled_loss(self, loss: Any) -> Any:
+        """TF2 mixed-precision guide name for :meth:`scale_loss`."""
+        return self.scale_loss(loss)
+
+    def get_unscaled_gradients(self, grads: Sequence[Any]) -> list[Any]:
+        """Divides gradients by the scale (fused op); the next ``apply`` will not divide again.
+
+        Like GradScaler.unscale_, this marks the current step: ``apply``/``apply_gradients``
+        then only checks finiteness (so clipping between the two calls sees true gradients).
+        Calling it twice before ``apply`` is an error, since the second call would unscale
+        already unscaled gradients.
+        """
+        if not self.enabled:
+            return list(grads)
+        if self._grads_already_unscaled:
+            raise RuntimeError(
+                "get_unscaled_gradients() was already called since the last apply(); "
+                "gradients would be unscaled twice"
+            )
+        scale = self.loss_scale
+        unscaled, _ = unscale_and_check_finite(list(grads), scale)
+        self._grads_already_unscaled = True
+        return unscaled
+
+    # --------------------------------------------------------------------------- apply
+    def apply(self, grads: Sequence[Any], trainable_variables: Sequence[Any] | None = None):
+        if not self.enabled:
+            self.inner_optimizer.apply(grads, trainable_variables)
+            return None
+        if not self.built:
+            if trainable_variables is None:
+                raise ValueError(
+                    "pass trainable_variables on the first apply() (or call "
+                    "build(trainable_variables) first)"
+                )
+            with keras_backend.name_scope(self.name, caller=self):
+                self.build(list(trainable_variables))
+        grads = list(grads)
+        variables = (
+            list(trainable_variables)
+            if trainable_variables is not None
+            else list(self._trainable_variables)
+        )
+        if tf.distribute.in_cross_replica_context() and tf.distribute.has_strategy():
+            raise ValueError("apply() must be called in a replica context (strategy.run).")
+
+        already = self._grads_already_unscaled
+        self._grads_already_unscaled = False
+        state = self._state()
+        raw = [
+            None if g is None or self._overwrite_variable_with_gradient(v) else g
+            for g, v in zip(grads, variables)
+        ]
+        unscaled, finite = unscale_and_check_finite(
+            raw, tf.constant(1.0) if already else state.scale
+        )
+        unscaled = [u if r is not None else g for u, r, g in zip(unscaled, raw, grads)]
+        finite = _common.all_replicas_finite(finite)
+
+        self._apply_if_finite(finite, unscaled, trainable_variables)
+        new_state = self._policy.adjust(state, finite)
+        self._assign_state(new_state)
+        _common.floor_alarm(
+            self._policy, new_state, self.floor_warning_skips, self.max_consecutive_skips
+        )
+        _common.write_summaries(new_state.scale, new_state.skipped_steps, self.iterations)
+        return None
+
+    def _apply_if_finite(
+        self, finite: tf.Tensor, grads: list[Any], trainable_variables: Sequence[Any] | None
+    ) -> None:
+        """Runs the inner optimizer only when ``finite``; skipped steps touch nothing.
+
+        Strategies that need ``merge_call`` (MirroredStrategy) cannot run a cond whose branch
+        merges in a replica context, so there the cond runs in the cross-replica context and
+        calls back into each replica, as Keras does. ``finite`` is already identical on all
+        replicas (``all_replicas_finite``), so taking the first local value is exact.
+        """
+        inner_apply = self.inner_optimizer.apply
+
+        def apply_fn() -> tf.Tensor:
+            inner_apply(grads, trainable_variables)
+            return tf.constant(True)
+
+        if tf.__internal__.distribute.strategy_supports_no_merge_call():
+            tf.cond(finite, apply_fn, lambda: tf.constant(False))
+            return
+
+        def cross_replica(distribution: Any, finite: Any, grads: Any, variables: Any) -> None:
+            first = distribution.experimental_local_results(finite)[0]
+
+            def apply_each() -> tf.Tensor:
+                distribution.extended.call_for_each_replica(inner_apply, args=(grads, variables))
+                return tf.constant(True)
+
+            tf.cond(first, apply_each, lambda: tf.constant(False))
+
+        tf.distribute.get_replica_context().merge_call(
+            cross_replica, args=(finite, grads, trainable_variables)
+        )
+
+    def stateless_apply(self, optimizer_variables, grads, trainable_variables):
+        raise NotImplementedError(
+            "tf_amp's LossScaleOptimizer supports the TensorFlow backend only (stateful apply)"
+        )
+
+    # -------------------------------------------------------------------- delegation
+    @property
+    def learning_rate(self) -> Any:
+        return self.inner_optimizer.learning_rate
+
+    @learning_rate.setter
+    def learning_rate(self, learning_rate: Any) -> None:
+        self.inner_optimizer.learning_rate = learning_rate
+
+    @property
+    def iterations(self) -> Any:
+        return self.inner_optimizer.iterations
+
+    def finalize_variable_values(self, var_list: Sequence[Any]) -> None:
+        self.inner_optimizer.finalize_variable_values(var_list)
+
+    # ----------------------------------------------------------------- serialization
+    def get_config(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "inner_optimizer": keras.saving.serialize_keras_object(self.inner_optimizer),
+            "loss_scale": loss_scale_lib.serialize(self._policy),
+            "enabled": self.enabled,
+            "floor_warning_skips": self.floor_warning_skips,
+            "max_consecutive_skips": self.max_consecutive_skips,
+        }
+
+    @classmethod
+    def from_config(
+        cls, config: dict[str, Any], custom_objects: dict[str, Any] | None = None
+    ) -> KerasLossScaleOptimizer:
+        config = dict(config)
+        inner = keras.saving.deserialize_keras_object(
+            config.pop("inner_optimizer"), custom_objects=custom_objects
+        )
+        policy = loss_scale_lib.deserialize(config.pop("loss_scale"))
+        return cls(inner, loss_scale=policy, **config)

@@ -1,0 +1,251 @@
+"""Loss scaling for ``tf.compat.v1.train`` optimizers, in a TF1 ``Session`` or a ``tf.function``.
+
+The wrapper is itself a ``tf.compat.v1.train.Optimizer``: ``compute_gradients`` returns unscaled
+gradients of the scaled loss, ``apply_gradients`` applies them under a ``tf.cond`` (a skipped
+step does not touch weights, slots or ``global_step``), and the inherited ``minimize`` chains
+the two. Its state variables are global variables, so the default ``tf.compat.v1.train.Saver``
+and ``tf.train.Checkpoint`` save them.
+
+Typical use::
+
+    opt = tf_amp.LossScaleOptimizer(tf.compat.v1.train.AdamOptimizer(1e-3))
+    train_op = opt.minimize(loss, global_step=tf.compat.v1.train.get_or_create_global_step())
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from tf_amp import loss_scale as loss_scale_lib
+from tf_amp.loss_scale import LossScale, LossScaleState
+from tf_amp.ops import unscale_and_check_finite
+from tf_amp.optimizers import _common
+
+_V1Optimizer = tf.compat.v1.train.Optimizer
+
+
+class V1LossScaleOptimizer(_V1Optimizer):
+    """Dynamic or static loss scaling around a ``tf.compat.v1.train.Optimizer``.
+
+    Args: as for the Keras wrapper (``loss_scale``, ``enabled``, ``floor_warning_skips``,
+    ``max_consecutive_skips``, ``name``).
+    """
+
+    _tf_amp_loss_scale_wrapper = True
+
+    def __init__(
+        self,
+        inner_optimizer: _V1Optimizer,
+        loss_scale: Any = "dynamic",
+        enabled: bool = True,
+        floor_warning_skips: int = 2,
+        max_consecutive_skips: int | None = None,
+        name: str | None = None,
+    ) -> None:
+        _common.check_not_wrapped(inner_optimizer)
+        if not isinstance(inner_optimizer, _V1Optimizer):
+            raise TypeError(
+                f"V1LossScaleOptimizer wraps a tf.compat.v1.train.Optimizer, got "
+                f"{type(inner_optimizer).__name__}; {_common.SUPPORTED_MESSAGE}"
+            )
+        super().__init__(use_locking=False, name=name or f"LossScale{inner_optimizer.get_name()}")
+        self._inner = inner_optimizer
+        self._track_trackable(inner_optimizer, "inner_optimizer")
+        self._policy = loss_scale_lib.get(loss_scale)
+        self.enabled = bool(enabled)
+        self.floor_warning_skips = int(floor_warning_skips)
+        self.max_consecutive_skips = max_consecutive_skips
+        self._state_vars: list[tf.Variable] | None = None
+        self._state_graph: Any = None
+        self._last_unscaled: tuple[list[Any], tf.Tensor] | None = None
+        if tf.executing_eagerly():
+            # Created now, under the caller's strategy scope, rather than inside a replica fn.
+            self._ensure_state()
+
+    @property
+    def inner_optimizer(self) -> _V1Optimizer:
+        return self._inner
+
+    @property
+    def loss_scale_policy(self) -> LossScale:
+        return self._policy
+
+    # ----------------------------------------------------------------------------- state
+    def _ensure_state(self) -> list[tf.Variable]:
+        """Creates the state variables once per graph (TF1) or once (eager / tf.function)."""
+        with tf.init_scope():
+            graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+            if self._state_vars is not None and self._state_graph is graph:
+                return self._state_vars
+            initial = [self._policy.initial_scale] + [0] * (len(LossScaleState._fields) - 1)
+            variables = []
+            with tf.name_scope(self.get_name()):
+                for field, value in zip(LossScaleState._fields, initial):
+                    variables.append(
+                        tf.Variable(
+                            value,
+                            dtype=tf.float32 if field == "scale" else tf.int64,
+                            name=f"loss_scale_{field}",
+                            trainable=False,
+                            synchronization=tf.VariableSynchronization.ON_WRITE,
+                            aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+                        )
+                    )
+            for field, variable in zip(LossScaleState._fields, variables):
+                self._track_trackable(variable, f"loss_scale_{field}", overwrite=True)
+            self._state_vars, self._state_graph = variables, graph
+        return variables
+
+    def _state(self) -> LossScaleState:
+        return LossScaleState(*(tf.convert_to_tensor(v) for v in self._ensure_state()))
+
+    @property
+    def loss_scale(self) -> tf.Tensor:
+        """The current scale (a tensor in graph mode); 1 when disabled."""
+        if not self.enabled:
+            return tf.constant(1.0)
+        return tf.convert_to_tensor(self._ensure_state()[0])
+
+    def set_loss_scale(self, value: float) -> Any:
+        """Sets the current scale (returns the assign op in graph mode)."""
+        return self._ensure_state()[0].assign(float(value))
+
+    @property
+    def skipped_steps(self) -> tf.Tensor:
+        return tf.convert_to_tensor(self._ensure_state()[2])
+
+    def loss_scale_metrics(self) -> dict[str, tf.Tensor]:
+        return {"loss_scale": self.loss_scale, "skipped_steps": tf.cast(self.skipped_steps,
+                                                                        tf.float32)}
+
+    def variables(self) -> list[tf.Variable]:
+        return list(self._ensure_state()) + list(self._inner.variables())
+
+    def get_slot(self, var: Any, name: str) -> Any:
+        return self._inner.get_slot(var, name)
+
+    def get_slot_names(self) -> list[str]:
+        return self._inner.get_slot_names()
+
+    # ------------------------------------------------------------------------ gradients
+    def get_scaled_loss(self, loss: Any) -> Any:
+        if callable(loss):
+            return lambda: self.get_scaled_loss(loss())
+        if not self.enabled:
+            return loss
+        return self._policy.scale(loss, self._state())
+
+    def compute_gradients(
+        self,
+        loss: Any,
+        var_list: Sequence[Any] | None = None,
+        gate_gradients: int = _V1Optimizer.GATE_OP,
+        aggregation_method: Any = None,
+        colocate_gradients_with_ops: bool = False,
+        grad_loss: Any = None,
+    ) -> list[tuple[Any, Any]]:
+        """Gradients of ``loss * scale``, divided by the scale (one fused op for all)."""
+        if not self.enabled:
+            return self._inner.compute_gradients(
+                loss, var_list, gate_gradients, aggregation_method,
+                colocate_gradients_with_ops, grad_loss,
+            )
+        scale = self._state().scale
+        scaled: Any
+        if callable(loss):
+            scaled = _scaled_callable(self._policy, loss, scale)
+        else:
+            scaled = self._policy.scale(loss, _with_scale(scale))
+        grads_and_vars = self._inner.compute_gradients(
+            scaled, var_list, gate_gradients, aggregation_method,
+            colocate_gradients_with_ops, grad_loss,
+        )
+        grads = [g for g, _ in grads_and_vars]
+        unscaled, finite = unscale_and_check_finite(grads, scale)
+        self._last_unscaled = (unscaled, finite)
+        return list(zip(unscaled, [v for _, v in grads_and_vars]))
+
+    def _finite_flag(self, grads: list[Any]) -> tf.Tensor:
+        """Reuses the flag from ``compute_gradients`` when handed back the very same tensors.
+
+        Otherwise (gradients clipped or computed elsewhere in between) checks them again, on the
+        fused op with scale 1, so what is checked is what is applied.
+        """
+        cached = self._last_unscaled
+        self._last_unscaled = None
+        if cached is not None and len(cached[0]) == len(grads) and all(
+            a is b for a, b in zip(cached[0], grads)
+        ):
+            return cached[1]
+        return unscale_and_check_finite(grads, tf.constant(1.0))[1]
+
+    def apply_gradients(
+        self, grads_and_vars: Any, global_step: Any = None, name: str | None = None
+    ) -> Any:
+        """Applies unscaled gradients if all (on all replicas) are finite; moves the scale."""
+        if not self.enabled:
+            return self._inner.apply_gradients(grads_and_vars, global_step, name)
+        if tf.distribute.in_cross_replica_context() and tf.distribute.has_strategy():
+            raise ValueError("apply_gradients() must be called in a replica context.")
+        grads_and_vars = tuple(grads_and_vars)
+        self._ensure_state()
+        finite = self._finite_flag([g for g, _ in grads_and_vars])
+        finite = _common.all_replicas_finite(finite)
+        return tf.distribute.get_replica_context().merge_call(
+            self._cross_replica_apply, args=(finite, grads_and_vars, global_step, name)
+        )
+
+    def _cross_replica_apply(
+        self, distribution: Any, finite: Any, grads_and_vars: Any, global_step: Any,
+        name: str | None,
+    ) -> Any:
+        """The cond runs here, in the cross-replica context, because the inner optimizer's
+        ``apply_gradients`` itself merges; ``finite`` is identical on all replicas."""
+        finite = distribution.experimental_local_results(finite)[0]
+        inner_apply: Callable[..., Any] = self._inner.apply_gradients
+
+        def apply_fn() -> tf.Tensor:
+            per_replica = distribution.extended.call_for_each_replica(
+                inner_apply, args=(grads_and_vars, global_step, name)
+            )
+            ops = distribution.group(per_replica) if per_replica is not None else None
+            with tf.control_dependencies([ops] if ops is not None else []):
+                return tf.constant(True)
+
+        applied = tf.cond(finite, apply_fn, lambda: tf.constant(False))
+        state = self._state()
+        new_state = self._policy.adjust(state, finite)
+        with tf.control_dependencies([applied]):
+            assigns = [v.assign(tf.cast(x, v.dtype)) for v, x in zip(self._state_vars, new_state)]
+        deps = [applied, *assigns]
+        alarm = _common.floor_alarm(
+            self._policy, new_state, self.floor_warning_skips, self.max_consecutive_skips
+        )
+        if alarm is not None:
+            deps.append(alarm)
+        step = global_step if global_step is not None else tf.summary.experimental.get_step()
+        if step is not None:
+            _common.write_summaries(new_state.scale, new_state.skipped_steps, step)
+        if tf.executing_eagerly():
+            return None
+        return tf.group(*deps, name=name or "apply_loss_scaled_gradients")
+
+    # The v1 base class asks subclasses for these; every call goes to the inner optimizer.
+    def _apply_dense(self, grad: Any, var: Any) -> Any:  # pragma: no cover - not reached
+        raise NotImplementedError("V1LossScaleOptimizer applies through its inner optimizer")
+
+    _resource_apply_dense = _apply_dense
+    _resource_apply_sparse = _apply_dense
+    _apply_sparse = _apply_dense
+
+
+def _with_scale(scale: tf.Tensor) -> LossScaleState:
+    zero = tf.constant(0, tf.int64)
+    return LossScaleState(scale, zero, zero, zero, zero)
+
+
+def _scaled_callable(policy: LossScale, loss: Callable[[], Any], scale: tf.Tensor):
+    return lambda: policy.scale(loss(), _with_scale(scale))
