@@ -48,9 +48,7 @@ def run_policy(policy_steps: tf.Tensor, state: LossScaleState, policy) -> tf.Ten
     rows = tf.TensorArray(tf.float64, size=tf.shape(policy_steps)[0])
     for i in tf.range(tf.shape(policy_steps)[0]):
         state = policy.adjust(state, policy_steps[i])
-        rows = rows.write(
-            i, tf.stack([tf.cast(x, tf.float64) for x in state])
-        )
+        rows = rows.write(i, tf.stack([tf.cast(x, tf.float64) for x in state]))
     return rows.stack()
 
 
@@ -94,24 +92,30 @@ def test_static_never_changes_but_counts_skips(finite_seq, scale):
 
 def test_default_schedule_doubles_after_2000_and_halves_on_overflow():
     policy = DynamicLossScale()
-    rows = as_tuples(run_policy(tf.constant([True] * 2000 + [False]), policy.initial_state(),
-                                policy).numpy())
+    rows = as_tuples(
+        run_policy(tf.constant([True] * 2000 + [False]), policy.initial_state(), policy).numpy()
+    )
     assert rows[1998][0] == 2.0**15 and rows[1998][1] == 1999
     assert rows[1999][:2] == (2.0**16, 0)
     assert rows[2000] == (2.0**15, 0, 1, 1, 0)
 
 
 def test_growth_stops_at_ceiling_and_never_reaches_inf():
-    policy = DynamicLossScale(initial_scale=2.0**100, growth_interval=1, growth_factor=1e30,
-                              max_scale=float(tf.float32.max))
+    policy = DynamicLossScale(
+        initial_scale=2.0**100,
+        growth_interval=1,
+        growth_factor=1e30,
+        max_scale=float(tf.float32.max),
+    )
     rows = as_tuples(run_policy(tf.constant([True] * 5), policy.initial_state(), policy).numpy())
     assert rows[-1][0] == float(tf.float32.max)
 
 
 def test_floor_skips_count_only_at_the_floor():
     policy = DynamicLossScale(initial_scale=4.0, min_scale=1.0)
-    rows = as_tuples(run_policy(tf.constant([False] * 5 + [True]), policy.initial_state(),
-                                policy).numpy())
+    rows = as_tuples(
+        run_policy(tf.constant([False] * 5 + [True]), policy.initial_state(), policy).numpy()
+    )
     # 4 -> 2 -> 1 (two halvings), then three skips at the floor, then a finite step resets it.
     assert [r[0] for r in rows] == [2.0, 1.0, 1.0, 1.0, 1.0, 1.0]
     assert [r[4] for r in rows] == [0, 0, 1, 2, 3, 0]

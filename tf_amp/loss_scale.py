@@ -283,7 +283,7 @@ def get(loss_scale: Any) -> LossScale:
         )
     if isinstance(loss_scale, bool) or not isinstance(loss_scale, (int, float)):
         raise TypeError(
-            f"loss_scale must be \"dynamic\", a positive number or a tf_amp.LossScale, got "
+            f'loss_scale must be "dynamic", a positive number or a tf_amp.LossScale, got '
             f"{type(loss_scale).__name__}"
         )
     return StaticLossScale(loss_scale)

@@ -109,8 +109,9 @@ class KerasLossScaleOptimizer(keras.optimizers.Optimizer):
                 f"{inner_optimizer.loss_scale_factor} to LossScaleOptimizer instead"
             )
         if max_consecutive_skips is not None and max_consecutive_skips < 1:
-            raise ValueError(f"max_consecutive_skips must be None or >= 1, got "
-                             f"{max_consecutive_skips}")
+            raise ValueError(
+                f"max_consecutive_skips must be None or >= 1, got {max_consecutive_skips}"
+            )
         super().__init__(learning_rate=0.0, name=name)
         self.inner_optimizer = inner_optimizer
         self._policy = loss_scale_lib.get(loss_scale)
@@ -124,7 +125,7 @@ class KerasLossScaleOptimizer(keras.optimizers.Optimizer):
     def build(self, var_list: Sequence[Any]) -> None:
         initial = [self._policy.initial_scale] + [0] * (len(_STATE_FIELDS) - 1)
         self._state_vars = []
-        for field, value in zip(_STATE_FIELDS, initial):
+        for field, value in zip(_STATE_FIELDS, initial, strict=True):
             self._state_vars.append(
                 self.add_variable(
                     shape=(),
@@ -145,7 +146,7 @@ class KerasLossScaleOptimizer(keras.optimizers.Optimizer):
         return LossScaleState(*(v.value for v in self._state_vars))
 
     def _assign_state(self, state: LossScaleState) -> None:
-        for variable, value in zip(self._state_vars, state):
+        for variable, value in zip(self._state_vars, state, strict=True):
             variable.assign(tf.cast(value, variable.dtype))
 
     @property
@@ -199,8 +200,12 @@ class KerasLossScaleOptimizer(keras.optimizers.Optimizer):
 
     def loss_scale_metrics(self) -> dict[str, tf.Tensor]:
         """``{"loss_scale": ..., "skipped_steps": ...}`` for logs, progress bars, TensorBoard."""
-        return {"loss_scale": self.loss_scale, "skipped_steps": tf.cast(
-            self.skipped_steps if self.built else tf.constant(0, tf.int64), tf.float32)}
+        return {
+            "loss_scale": self.loss_scale,
+            "skipped_steps": tf.cast(
+                self.skipped_steps if self.built else tf.constant(0, tf.int64), tf.float32
+            ),
+        }
 
     # ------------------------------------------------------------------- custom-loop API
     def scale_loss(self, loss: Any) -> Any:
@@ -263,12 +268,12 @@ class KerasLossScaleOptimizer(keras.optimizers.Optimizer):
         state = self._state()
         raw = [
             None if g is None or self._overwrite_variable_with_gradient(v) else g
-            for g, v in zip(grads, variables)
+            for g, v in zip(grads, variables, strict=True)
         ]
         unscaled, finite = unscale_and_check_finite(
             raw, tf.constant(1.0) if already else state.scale
         )
-        unscaled = [u if r is not None else g for u, r, g in zip(unscaled, raw, grads)]
+        unscaled = [u if r is not None else g for u, r, g in zip(unscaled, raw, grads, strict=True)]
         finite = _common.all_replicas_finite(finite)
 
         self._apply_if_finite(finite, unscaled, trainable_variables)

@@ -83,7 +83,7 @@ class V1LossScaleOptimizer(_V1Optimizer):
             initial = [self._policy.initial_scale] + [0] * (len(LossScaleState._fields) - 1)
             variables = []
             with tf.name_scope(self.get_name()):
-                for field, value in zip(LossScaleState._fields, initial):
+                for field, value in zip(LossScaleState._fields, initial, strict=True):
                     variables.append(
                         tf.Variable(
                             value,
@@ -94,7 +94,7 @@ class V1LossScaleOptimizer(_V1Optimizer):
                             aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
                         )
                     )
-            for field, variable in zip(LossScaleState._fields, variables):
+            for field, variable in zip(LossScaleState._fields, variables, strict=True):
                 self._track_trackable(variable, f"loss_scale_{field}", overwrite=True)
             self._state_vars, self._state_graph = variables, graph
         return variables
@@ -118,8 +118,10 @@ class V1LossScaleOptimizer(_V1Optimizer):
         return tf.convert_to_tensor(self._ensure_state()[2])
 
     def loss_scale_metrics(self) -> dict[str, tf.Tensor]:
-        return {"loss_scale": self.loss_scale, "skipped_steps": tf.cast(self.skipped_steps,
-                                                                        tf.float32)}
+        return {
+            "loss_scale": self.loss_scale,
+            "skipped_steps": tf.cast(self.skipped_steps, tf.float32),
+        }
 
     def variables(self) -> list[tf.Variable]:
         return list(self._ensure_state()) + list(self._inner.variables())
@@ -150,8 +152,12 @@ class V1LossScaleOptimizer(_V1Optimizer):
         """Gradients of ``loss * scale``, divided by the scale (one fused op for all)."""
         if not self.enabled:
             return self._inner.compute_gradients(
-                loss, var_list, gate_gradients, aggregation_method,
-                colocate_gradients_with_ops, grad_loss,
+                loss,
+                var_list,
+                gate_gradients,
+                aggregation_method,
+                colocate_gradients_with_ops,
+                grad_loss,
             )
         scale = self._state().scale
         scaled: Any
@@ -160,13 +166,17 @@ class V1LossScaleOptimizer(_V1Optimizer):
         else:
             scaled = self._policy.scale(loss, _with_scale(scale))
         grads_and_vars = self._inner.compute_gradients(
-            scaled, var_list, gate_gradients, aggregation_method,
-            colocate_gradients_with_ops, grad_loss,
+            scaled,
+            var_list,
+            gate_gradients,
+            aggregation_method,
+            colocate_gradients_with_ops,
+            grad_loss,
         )
         grads = [g for g, _ in grads_and_vars]
         unscaled, finite = unscale_and_check_finite(grads, scale)
         self._last_unscaled = (unscaled, finite)
-        return list(zip(unscaled, [v for _, v in grads_and_vars]))
+        return list(zip(unscaled, [v for _, v in grads_and_vars], strict=True))
 
     def _finite_flag(self, grads: list[Any]) -> tf.Tensor:
         """Reuses the flag from ``compute_gradients`` when handed back the very same tensors.
@@ -176,8 +186,10 @@ class V1LossScaleOptimizer(_V1Optimizer):
         """
         cached = self._last_unscaled
         self._last_unscaled = None
-        if cached is not None and len(cached[0]) == len(grads) and all(
-            a is b for a, b in zip(cached[0], grads)
+        if (
+            cached is not None
+            and len(cached[0]) == len(grads)
+            and all(a is b for a, b in zip(cached[0], grads, strict=True))
         ):
             return cached[1]
         return unscale_and_check_finite(grads, tf.constant(1.0))[1]
@@ -199,7 +211,11 @@ class V1LossScaleOptimizer(_V1Optimizer):
         )
 
     def _cross_replica_apply(
-        self, distribution: Any, finite: Any, grads_and_vars: Any, global_step: Any,
+        self,
+        distribution: Any,
+        finite: Any,
+        grads_and_vars: Any,
+        global_step: Any,
         name: str | None,
     ) -> Any:
         """The cond runs here, in the cross-replica context, because the inner optimizer's
@@ -219,7 +235,10 @@ class V1LossScaleOptimizer(_V1Optimizer):
         state = self._state()
         new_state = self._policy.adjust(state, finite)
         with tf.control_dependencies([applied]):
-            assigns = [v.assign(tf.cast(x, v.dtype)) for v, x in zip(self._state_vars, new_state)]
+            assigns = [
+                v.assign(tf.cast(x, v.dtype))
+                for v, x in zip(self._state_vars, new_state, strict=True)
+            ]
         deps = [applied, *assigns]
         alarm = _common.floor_alarm(
             self._policy, new_state, self.floor_warning_skips, self.max_consecutive_skips
