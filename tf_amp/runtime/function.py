@@ -31,6 +31,7 @@ from typing import Any
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 from tensorflow.python.eager.polymorphic_function import concrete_function as cf_lib
+from tensorflow.python.eager.polymorphic_function import polymorphic_function as pf_lib
 from tensorflow.python.framework import func_graph as func_graph_lib
 from tensorflow.python.framework import importer, ops
 from tensorflow.python.util import nest
@@ -70,8 +71,7 @@ def rebuild_concrete_function(
     new_graph = func_graph_lib.FuncGraph(f"tf_amp_{graph.name}")
     with new_graph.as_default():
         new_args = [
-            tf.raw_ops.Placeholder(dtype=t.dtype, shape=t.shape, name=t.op.name)
-            for t in arg_inputs
+            tf.raw_ops.Placeholder(dtype=t.dtype, shape=t.shape, name=t.op.name) for t in arg_inputs
         ]
         for new, old in zip(new_args, arg_inputs, strict=False):
             _copy_handle_data(old, new)
@@ -167,7 +167,9 @@ class Function:
         self._rewrite_config = rewrite_config
         self._rewrite = rewrite
         self._tf_function_kwargs = dict(tf_function_kwargs)
-        self._traced = tf.function(python_function, **tf_function_kwargs)
+        # TensorFlow's own implementation, not the public name: the environment activation may
+        # have pointed ``tf.function`` at us.
+        self._traced = pf_lib.function(python_function, **tf_function_kwargs)
         self._cache: dict[int, tuple[Any, Any]] = {}
         self.reports: list[Any] = []  # one RewriteReport per rewritten trace
         self._lock = threading.Lock()

@@ -25,6 +25,7 @@ import types
 from typing import Any
 
 import tensorflow as tf
+from tensorflow.python.eager.polymorphic_function import polymorphic_function as pf_lib
 
 from tf_amp.runtime.function import Function
 
@@ -178,7 +179,7 @@ def _make_step_function(model: Any, step_function: Any, kind: str, config: Any) 
         return tf.experimental.Optional.from_value(outputs)
 
     if not model.run_eagerly:
-        multi_step_on_iterator = tf.function(multi_step_on_iterator, reduce_retracing=True)
+        multi_step_on_iterator = pf_lib.function(multi_step_on_iterator, reduce_retracing=True)
 
     def function(iterator: Any) -> Any:
         if isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
@@ -209,15 +210,21 @@ def _make_predict_function(model: Any, step_function: Any, config: Any) -> Any:
         return outputs
 
     if not model.run_eagerly:
-        predict_function = tf.function(predict_function, reduce_retracing=True)
+        predict_function = pf_lib.function(predict_function, reduce_retracing=True)
     return predict_function
 
 
-# --- compile hook: used by the environment activation and by enable_mixed_precision_graph_rewrite
+# --- compile hook: installed by the environment activation (tf_amp.runtime.activation) and
+# by install_compile_hook() for enable_mixed_precision_graph_rewrite.
 
 
 def wants_rewrite(optimizer: Any) -> bool:
-    """True when this optimizer asks for the graph rewrite, or it is enabled globally."""
+    """True when this optimizer asks for the graph rewrite, or the env activation turned it on.
+
+    The process-wide flag of ``enable_mixed_precision_graph_rewrite`` is deliberately *not*
+    consulted: the per-optimizer marker scopes the rewrite to the models compiled with that
+    optimizer, so enabling it for one model does not leak into unrelated models.
+    """
     if getattr(optimizer, "_tf_amp_graph_rewrite", False):
         return True
     from tf_amp.runtime import activation
@@ -225,23 +232,33 @@ def wants_rewrite(optimizer: Any) -> bool:
     return activation.rewrite_enabled_globally()
 
 
-_ORIGINAL_COMPILE: list[Any] = []
+def _maybe_wrap_optimizer(optimizer: Any) -> Any:
+    """Under env loss scaling, a plain Keras optimizer gets a dynamic LossScaleOptimizer."""
+    from tf_amp.runtime import activation
 
-
-def install_compile_hook() -> None:
-    """Patches ``keras.Model.compile`` so a rewrite-enabled optimizer installs the fit hook.
-
-    The patch is inert for every other model: it only acts when :func:`wants_rewrite` is true,
-    and :func:`uninstall_compile_hook` restores the original method exactly.
-    """
+    if not activation.loss_scaling_enabled_globally():
+        return optimizer
     import keras
 
-    if _ORIGINAL_COMPILE:
-        return
-    original = keras.Model.compile
-    _ORIGINAL_COMPILE.append(original)
+    resolved = keras.optimizers.get(optimizer)
+    if getattr(resolved, "_tf_amp_loss_scale_wrapper", False) or isinstance(
+        resolved, keras.optimizers.LossScaleOptimizer
+    ):
+        return resolved
+    from tf_amp.optimizers import LossScaleOptimizer
 
-    def compile(self: Any, optimizer: Any = "rmsprop", *args: Any, **kwargs: Any) -> Any:  # noqa: A001
+    return LossScaleOptimizer(resolved, loss_scale="dynamic")
+
+
+def compile_patch(original: Any) -> Any:
+    """``Model.compile`` that hooks ``fit`` when the optimizer (or the env) asks for the rewrite.
+
+    Inert for every other model: it calls the original and uninstalls any earlier hook, so
+    recompiling with a plain optimizer returns the model to float32.
+    """
+
+    def compile(self: Any, optimizer: Any = "rmsprop", *args: Any, **kwargs: Any) -> Any:
+        optimizer = _maybe_wrap_optimizer(optimizer)
         result = original(self, optimizer, *args, **kwargs)
         if wants_rewrite(getattr(self, "optimizer", optimizer)):
             install(self)
@@ -251,12 +268,27 @@ def install_compile_hook() -> None:
 
     compile.__wrapped__ = original  # type: ignore[attr-defined]
     compile.__doc__ = original.__doc__
-    compile._tf_amp_patch = True  # type: ignore[attr-defined]
-    keras.Model.compile = compile
+    return compile
+
+
+_ORIGINAL_COMPILE: list[Any] = []
+
+
+def install_compile_hook() -> None:
+    """Patches ``keras.Model.compile`` with :func:`compile_patch` (idempotent, reversible).
+
+    This is what connects ``enable_mixed_precision_graph_rewrite(opt)`` to ``model.fit``.
+    """
+    import keras
+
+    if _ORIGINAL_COMPILE:
+        return
+    _ORIGINAL_COMPILE.append(keras.Model.compile)
+    keras.Model.compile = compile_patch(keras.Model.compile)
 
 
 def uninstall_compile_hook() -> None:
-    """Restores ``keras.Model.compile``; models already hooked keep their hook until recompiled."""
+    """Restores ``keras.Model.compile``; already hooked models keep their hook until recompiled."""
     if not _ORIGINAL_COMPILE:
         return
     import keras

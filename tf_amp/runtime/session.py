@@ -108,9 +108,7 @@ class Session(session_lib.Session):
             importer.import_graph_def(subset, input_map=input_map, name="")
         self._amp_imported |= {n.name for n in graph_def.node}
 
-    def _external_inputs(
-        self, subset: graph_pb2.GraphDef, existing: set[str]
-    ) -> dict[str, Any]:
+    def _external_inputs(self, subset: graph_pb2.GraphDef, existing: set[str]) -> dict[str, Any]:
         """Maps inputs of the new nodes that name already imported nodes to those nodes."""
         inside = {n.name for n in subset.node}
         input_map: dict[str, Any] = {}

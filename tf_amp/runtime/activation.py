@@ -1,0 +1,319 @@
+"""``TF_ENABLE_AUTO_MIXED_PRECISION``: the environment switch, its patches, and their reversal.
+
+The NVIDIA container promise: set ``TF_ENABLE_AUTO_MIXED_PRECISION=1`` and an unmodified script
+trains in mixed precision with dynamic loss scaling. TensorFlow 2 silently ignores the variable;
+with tf_amp installed, its startup hook (``tf_amp_autoenable.pth`` ->
+:mod:`tf_amp.runtime.autoenable`) calls :func:`activate_from_env` when the variable is set.
+
+Variables (read here and nowhere else; each value is 1/0, true/false, yes/no or on/off)::
+
+    TF_ENABLE_AUTO_MIXED_PRECISION               both halves below (default for each of them)
+    TF_ENABLE_AUTO_MIXED_PRECISION_GRAPH_REWRITE  the graph rewrite only (overrides the above)
+    TF_ENABLE_AUTO_MIXED_PRECISION_LOSS_SCALING   dynamic loss scaling only (overrides the above)
+
+What activation patches (every patch is recorded and :func:`deactivate` restores the original
+attribute exactly; modules not yet imported are patched right after their import, so activation
+at startup does not import TensorFlow):
+
+* graph rewrite: ``tf.function`` returns ``tf_amp.function`` for user functions (functions
+  defined in TensorFlow's or Keras's own modules keep the original); ``tf.compat.v1.Session`` is
+  ``tf_amp.Session``; ``keras.Model.compile`` installs the rewritten ``fit``/``evaluate``/
+  ``predict`` step (:mod:`tf_amp.runtime.keras_fit`).
+* loss scaling: ``keras.Model.compile`` wraps the optimizer in ``tf_amp.LossScaleOptimizer``;
+  ``tf.compat.v1.train.Optimizer.minimize`` goes through a (cached) ``LossScaleOptimizer`` of the
+  optimizer; in custom loops, ``tf.GradientTape.gradient`` called from user code scales the loss
+  and the next Keras ``optimizer.apply`` / ``apply_gradients`` skips the step on overflow
+  (:mod:`tf_amp.runtime.auto_loss_scale`).
+
+Scoping: nothing changes unless activated; :func:`activated` is a context manager for tests and
+for turning it on around one region of a program.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.abc
+import importlib.util
+import logging
+import os
+import sys
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+_LOG = logging.getLogger("tf_amp")
+
+ENV_ENABLE = "TF_ENABLE_AUTO_MIXED_PRECISION"
+ENV_GRAPH_REWRITE = "TF_ENABLE_AUTO_MIXED_PRECISION_GRAPH_REWRITE"
+ENV_LOSS_SCALING = "TF_ENABLE_AUTO_MIXED_PRECISION_LOSS_SCALING"
+ENV_VARS = (ENV_ENABLE, ENV_GRAPH_REWRITE, ENV_LOSS_SCALING)
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+# Modules whose functions stay plain ``tf.function`` when the rewrite patches ``tf.function``.
+_LIBRARY_MODULES = frozenset({"tensorflow", "keras", "tf_keras", "tf_amp", "absl", "tensorboard"})
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Which halves of automatic mixed precision the environment asks for."""
+
+    graph_rewrite: bool = False
+    loss_scaling: bool = False
+
+    @property
+    def any(self) -> bool:
+        return self.graph_rewrite or self.loss_scaling
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """Reads the three variables; raises ValueError naming a variable it cannot parse."""
+        env = os.environ if environ is None else environ
+        enable = parse_flag(env, ENV_ENABLE)
+        rewrite = parse_flag(env, ENV_GRAPH_REWRITE)
+        scaling = parse_flag(env, ENV_LOSS_SCALING)
+        default = bool(enable)
+        return cls(
+            graph_rewrite=default if rewrite is None else rewrite,
+            loss_scaling=default if scaling is None else scaling,
+        )
+
+
+def parse_flag(environ: Mapping[str, str], name: str) -> bool | None:
+    """``None`` when unset or empty; True/False for the accepted spellings; else ValueError."""
+    raw = environ.get(name)
+    if raw is None or not raw.strip():
+        return None
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError(
+        f"{name}={raw!r} is not understood; use 1 (on) or 0 (off) "
+        "(also accepted: true/false, yes/no, on/off)"
+    )
+
+
+def env_requests_activation(environ: Mapping[str, str] | None = None) -> bool:
+    """Cheap test used by the startup hook: is any of the variables set (non-empty)?"""
+    env = os.environ if environ is None else environ
+    return any(env.get(name, "").strip() for name in ENV_VARS)
+
+
+# --------------------------------------------------------------------------- patch registry
+
+
+class _Patches:
+    """Records (owner, attribute, original) so deactivation restores exactly what was there."""
+
+    def __init__(self) -> None:
+        self._entries: list[tuple[Any, str, Any, bool]] = []
+
+    def set(self, owner: Any, name: str, value: Any) -> None:
+        had = name in vars(owner) if isinstance(owner, type) else hasattr(owner, name)
+        original = vars(owner).get(name) if isinstance(owner, type) else getattr(owner, name, None)
+        self._entries.append((owner, name, original, had))
+        setattr(owner, name, value)
+
+    def restore_all(self) -> None:
+        while self._entries:
+            owner, name, original, had = self._entries.pop()
+            if had:
+                setattr(owner, name, original)
+            else:
+                with contextlib.suppress(AttributeError):
+                    delattr(owner, name)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+class _PostImportHook(importlib.abc.MetaPathFinder):
+    """Runs a callback right after a module finishes importing (so startup imports nothing)."""
+
+    def __init__(self, callbacks: dict[str, Callable[[Any], None]]) -> None:
+        self._callbacks = callbacks
+        self._busy: set[str] = set()
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        callback = self._callbacks.get(fullname)
+        if callback is None or fullname in self._busy:
+            return None
+        self._busy.add(fullname)
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            self._busy.discard(fullname)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        loader_exec = spec.loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            loader_exec(module)
+            if self in sys.meta_path:  # still active
+                callback(module)
+
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+_LOCK = threading.RLock()
+_ACTIVE: Settings | None = None
+_PATCHES = _Patches()
+_HOOK: _PostImportHook | None = None
+_PATCHED_MODULES: set[str] = set()
+
+
+def current() -> Settings | None:
+    """The active settings, or None when not activated."""
+    return _ACTIVE
+
+
+def rewrite_enabled_globally() -> bool:
+    """True when the environment activation turned the graph rewrite on for every model."""
+    return _ACTIVE is not None and _ACTIVE.graph_rewrite
+
+
+def loss_scaling_enabled_globally() -> bool:
+    return _ACTIVE is not None and _ACTIVE.loss_scaling
+
+
+def activate_from_env(environ: Mapping[str, str] | None = None) -> Settings | None:
+    """Activates what the environment asks for; None (and no patch) when nothing is asked."""
+    settings = Settings.from_env(environ)
+    if not settings.any:
+        return None
+    return activate(settings)
+
+
+def activate(settings: Settings | None = None) -> Settings:
+    """Applies the patches for ``settings`` (default: both halves). Re-activating replaces."""
+    global _ACTIVE, _HOOK
+    settings = settings or Settings(graph_rewrite=True, loss_scaling=True)
+    with _LOCK:
+        if _ACTIVE is not None:
+            deactivate()
+        _ACTIVE = settings
+        _HOOK = _PostImportHook({"tensorflow": _patch_tensorflow, "keras": _patch_keras})
+        sys.meta_path.insert(0, _HOOK)
+        if "tensorflow" in sys.modules:
+            _patch_tensorflow(sys.modules["tensorflow"])
+        if "keras" in sys.modules:
+            _patch_keras(sys.modules["keras"])
+    _LOG.info(
+        "tf_amp: automatic mixed precision activated (graph rewrite: %s, loss scaling: %s)",
+        "on" if settings.graph_rewrite else "off",
+        "on" if settings.loss_scaling else "off",
+    )
+    return settings
+
+
+def deactivate() -> None:
+    """Restores every patched attribute and removes the import hook."""
+    global _ACTIVE, _HOOK
+    with _LOCK:
+        if _HOOK is not None and _HOOK in sys.meta_path:
+            sys.meta_path.remove(_HOOK)
+        _HOOK = None
+        _PATCHES.restore_all()
+        _PATCHED_MODULES.clear()
+        if "tf_amp.runtime.auto_loss_scale" in sys.modules:
+            sys.modules["tf_amp.runtime.auto_loss_scale"].reset()
+        _ACTIVE = None
+
+
+def is_active() -> bool:
+    return _ACTIVE is not None
+
+
+def patch_count() -> int:
+    """How many attributes are currently patched (0 when inactive)."""
+    return len(_PATCHES)
+
+
+@contextlib.contextmanager
+def activated(settings: Settings | None = None) -> Iterator[Settings]:
+    """Activation limited to a ``with`` block; restores the previous state on exit."""
+    previous = _ACTIVE
+    active = activate(settings)
+    try:
+        yield active
+    finally:
+        deactivate()
+        if previous is not None:
+            activate(previous)
+
+
+# --------------------------------------------------------------------------- the patches
+
+
+def _patch_tensorflow(tf: Any) -> None:
+    with _LOCK:
+        if _ACTIVE is None or "tensorflow" in _PATCHED_MODULES:
+            return
+        _PATCHED_MODULES.add("tensorflow")
+        if _ACTIVE.graph_rewrite:
+            from tf_amp.runtime.session import Session
+
+            _PATCHES.set(tf, "function", _make_function_patch(tf.function))
+            _PATCHES.set(tf.compat.v1, "Session", Session)
+        if _ACTIVE.loss_scaling:
+            from tf_amp.runtime import auto_loss_scale
+
+            v1_optimizer = tf.compat.v1.train.Optimizer
+            _PATCHES.set(
+                v1_optimizer, "minimize", auto_loss_scale.v1_minimize_patch(v1_optimizer.minimize)
+            )
+            _PATCHES.set(
+                tf.GradientTape,
+                "gradient",
+                auto_loss_scale.gradient_patch(tf.GradientTape.gradient, _is_user_caller),
+            )
+
+
+def _patch_keras(keras: Any) -> None:
+    with _LOCK:
+        if _ACTIVE is None or "keras" in _PATCHED_MODULES:
+            return
+        _PATCHED_MODULES.add("keras")
+        from tf_amp.runtime import keras_fit
+
+        _PATCHES.set(keras.Model, "compile", keras_fit.compile_patch(keras.Model.compile))
+        if _ACTIVE.loss_scaling:
+            from keras.src.optimizers import base_optimizer
+
+            from tf_amp.runtime import auto_loss_scale
+
+            base = base_optimizer.BaseOptimizer
+            _PATCHES.set(base, "apply", auto_loss_scale.keras_apply_patch(base.apply))
+
+
+def _make_function_patch(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``tf.function`` that hands user functions to ``tf_amp.function``."""
+    from tf_amp.runtime.function import function as amp_function
+
+    def function(func: Any = None, *args: Any, **kwargs: Any) -> Any:
+        if func is None:
+            return lambda f: function(f, *args, **kwargs)
+        if _is_library_object(func):
+            return original(func, *args, **kwargs)
+        return amp_function(func, *args, **kwargs)
+
+    function.__doc__ = original.__doc__
+    function.__wrapped__ = original  # type: ignore[attr-defined]
+    return function
+
+
+def _is_library_object(func: Any) -> bool:
+    module = getattr(func, "__module__", None) or ""
+    return module.split(".")[0] in _LIBRARY_MODULES
+
+
+def _is_user_caller(depth: int = 2) -> bool:
+    """True when the frame ``depth`` levels up belongs to user code, not TF/Keras/tf_amp."""
+    frame = sys._getframe(depth)  # noqa: SLF001
+    module = frame.f_globals.get("__name__", "") or ""
+    return module.split(".")[0] not in _LIBRARY_MODULES
