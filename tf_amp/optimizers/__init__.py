@@ -59,4 +59,13 @@ def LossScaleOptimizer(inner: Any, loss_scale: Any = "dynamic", **kwargs: Any) -
     )
 
 
-__all__ = ["LossScaleOptimizer", "is_keras_optimizer", "is_v1_optimizer"]
+def __getattr__(name: str) -> Any:
+    # LossScaleCallback needs keras; resolve it lazily so v1-only users never import keras.
+    if name == "LossScaleCallback":
+        from tf_amp.optimizers.keras import LossScaleCallback
+
+        return LossScaleCallback
+    raise AttributeError(f"module 'tf_amp.optimizers' has no attribute {name!r}")
+
+
+__all__ = ["LossScaleOptimizer", "LossScaleCallback", "is_keras_optimizer", "is_v1_optimizer"]

@@ -1,0 +1,323 @@
+"""The Keras 3 LossScaleOptimizer: skip semantics, custom-loop API, save formats, apex extras."""
+
+from __future__ import annotations
+
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_amp
+from tf_amp.loss_scale import DynamicLossScale, StaticLossScale
+from tf_amp.optimizers.keras import KerasLossScaleOptimizer, LossScaleCallback
+
+
+def tiny_model(seed: int = 0) -> keras.Model:
+    """ids(2) -> Embedding(10, 3) -> flatten -> Dense(4) -> Dense(1): dense and sparse grads."""
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((2,), dtype="int32")
+    x = keras.layers.Flatten()(keras.layers.Embedding(10, 3)(inputs))
+    x = keras.layers.Dense(4, activation="tanh")(x)
+    return keras.Model(inputs, keras.layers.Dense(1)(x))
+
+
+def data(n: int = 32, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, 10, (n, 2)).astype("int32"), rng.normal(size=(n, 1)).astype("float32")
+
+
+def snapshot(model: keras.Model, opt: KerasLossScaleOptimizer) -> list[np.ndarray]:
+    """Weights, every inner-optimizer variable (slots, iterations) — the state a skip keeps."""
+    return [np.array(v.numpy()) for v in model.weights + opt.inner_optimizer.variables]
+
+
+def bit_equal(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
+    return all(x.tobytes() == y.tobytes() for x, y in zip(a, b, strict=True))
+
+
+def make_step(model: keras.Model, opt: KerasLossScaleOptimizer, x, y):
+    """A Keras-3-style custom step; ``bad`` (0, inf or nan) is added to gradient ``which``."""
+
+    @tf.function
+    def step(bad: tf.Tensor, which: tf.Tensor) -> None:
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(x) - y))
+            scaled = opt.scale_loss(loss)
+        grads = tape.gradient(scaled, model.trainable_variables)
+        poisoned = []
+        for i, g in enumerate(grads):
+            add = tf.where(tf.equal(which, i), bad, 0.0)
+            if isinstance(g, tf.IndexedSlices):
+                poisoned.append(tf.IndexedSlices(g.values + add, g.indices, g.dense_shape))
+            else:
+                poisoned.append(g + add)
+        opt.apply(poisoned, model.trainable_variables)
+
+    return step
+
+
+def test_embedding_gradient_is_indexed_slices():
+    model, (x, y) = tiny_model(), data()
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(tf.square(model(x) - y))
+    assert isinstance(tape.gradient(loss, model.trainable_variables)[0], tf.IndexedSlices)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_skipped_steps_change_nothing_bit_for_bit(seed):
+    """inf/nan injected at random steps into random (dense or IndexedSlices) gradients."""
+    model, (x, y) = tiny_model(seed), data(seed=seed)
+    opt = tf_amp.LossScaleOptimizer(
+        keras.optimizers.Adam(1e-2), DynamicLossScale(initial_scale=2.0**10, growth_interval=4)
+    )
+    opt.build(model.trainable_variables)
+    step = make_step(model, opt, x, y)
+    rng = np.random.default_rng(seed)
+    n_vars = len(model.trainable_variables)
+    injected = 0
+    expected_scale = 2.0**10
+    good = 0
+    for _ in range(24):
+        bad = rng.choice([0.0, 0.0, np.inf, -np.inf, np.nan])
+        which = int(rng.integers(0, n_vars))
+        before = snapshot(model, opt)
+        step(tf.constant(bad, tf.float32), tf.constant(which))
+        after = snapshot(model, opt)
+        if bad != 0.0:  # nan != 0 too
+            injected += 1
+            good = 0
+            expected_scale = max(expected_scale / 2, 1.0)
+            assert bit_equal(before, after)
+        else:
+            good += 1
+            if good == 4:
+                expected_scale, good = expected_scale * 2, 0
+            assert not bit_equal(before[:n_vars], after[:n_vars])
+        assert float(opt.loss_scale) == expected_scale
+    assert int(opt.skipped_steps) == injected > 0
+    assert int(opt.iterations) == 24 - injected
+
+
+def test_fit_save_load_resume_continues_the_same_schedule(tmp_path):
+    """4 steps/epoch, growth every 3: save after 2 epochs + load + 2 epochs == 4 epochs straight (weights, scale, counters)."""
+    x, y = data(64)
+
+    def compiled(seed: int) -> keras.Model:
+        model = tiny_model(seed)
+        opt = tf_amp.LossScaleOptimizer(
+            keras.optimizers.Adam(1e-2), DynamicLossScale(initial_scale=4.0, growth_interval=3)
+        )
+        model.compile(optimizer=opt, loss="mse")
+        return model
+
+    straight = compiled(0)
+    straight.fit(x, y, batch_size=16, epochs=4, shuffle=False, verbose=0)
+
+    first = compiled(0)
+    first.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+    path = os.path.join(tmp_path, "m.keras")
+    first.save(path)
+    resumed = keras.models.load_model(path)
+    assert isinstance(resumed.optimizer, KerasLossScaleOptimizer)
+    assert resumed.optimizer.loss_scale_policy == DynamicLossScale(4.0, growth_interval=3)
+    assert float(resumed.optimizer.loss_scale) == float(first.optimizer.loss_scale) == 2.0**4
+    assert int(resumed.optimizer.dynamic_counter) == int(first.optimizer.dynamic_counter) == 2
+    resumed.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+
+    assert float(resumed.optimizer.loss_scale) == float(straight.optimizer.loss_scale) == 2.0**7
+    assert int(resumed.optimizer.iterations) == int(straight.optimizer.iterations) == 16
+    assert bit_equal([w.numpy() for w in resumed.weights], [w.numpy() for w in straight.weights])
+
+
+def test_tf_train_checkpoint_round_trip_and_resume(tmp_path):
+    model, (x, y) = tiny_model(), data()
+    opt = tf_amp.LossScaleOptimizer(
+        keras.optimizers.SGD(0.1, momentum=0.9), DynamicLossScale(8.0, growth_interval=2)
+    )
+    step = make_step(model, opt, x, y)
+    zero, nan = tf.constant(0.0), tf.constant(np.nan)
+    for bad in (zero, nan, zero, zero, zero):
+        step(bad, tf.constant(1))
+    ckpt = tf.train.Checkpoint(model=model, optimizer=opt)
+    path = ckpt.save(os.path.join(tmp_path, "ckpt"))
+    saved = snapshot(model, opt) + [v.numpy() for v in opt._state_vars]
+    for bad in (zero, nan, zero):
+        step(bad, tf.constant(2))
+    continued = snapshot(model, opt) + [v.numpy() for v in opt._state_vars]
+
+    ckpt.restore(path).assert_consumed()
+    assert bit_equal(snapshot(model, opt) + [v.numpy() for v in opt._state_vars], saved)
+    for bad in (zero, nan, zero):
+        step(bad, tf.constant(2))
+    assert bit_equal(snapshot(model, opt) + [v.numpy() for v in opt._state_vars], continued)
+
+
+def test_clipping_on_inner_optimizer_sees_unscaled_gradients():
+    """SGD(lr=1, global_clipnorm=1) with a huge scale: the step is the clipped true gradient."""
+    w = keras.Variable([3.0, 4.0])
+    opt = tf_amp.LossScaleOptimizer(keras.optimizers.SGD(1.0, global_clipnorm=1.0), 2.0**20)
+    with tf.GradientTape() as tape:
+        scaled = opt.scale_loss(tf.reduce_sum(w * w) / 2.0)  # gradient = w, norm 5
+    opt.apply(tape.gradient(scaled, [w]), [w])
+    np.testing.assert_allclose(w.numpy(), [3.0 - 0.6, 4.0 - 0.8], rtol=1e-6)
+
+
+def test_gradient_accumulation_skips_a_non_finite_micro_step():
+    """With accumulation 2: g1 finite, g2 inf (skipped), g3 finite -> one update by (g1+g3)/2."""
+    w = keras.Variable([1.0, 1.0])
+    opt = tf_amp.LossScaleOptimizer(
+        keras.optimizers.SGD(1.0, gradient_accumulation_steps=2), StaticLossScale(4.0)
+    )
+    for g in ([0.5, 1.0], [np.inf, 0.0], [1.5, 3.0]):
+        opt.apply([tf.constant(g) * 4.0], [w])  # pre-scaled gradients
+        if g[0] == 0.5:
+            np.testing.assert_array_equal(w.numpy(), [1.0, 1.0])  # accumulated only
+    np.testing.assert_array_equal(w.numpy(), [1.0 - 1.0, 1.0 - 2.0])
+    assert int(opt.iterations) == 1 and int(opt.skipped_steps) == 1
+
+
+def test_tf2_guide_recipe_matches_keras3_recipe():
+    """get_scaled_loss + get_unscaled_gradients + apply_gradients == scale_loss + apply."""
+    results = []
+    for recipe in ("tf2", "keras3"):
+        model, (x, y) = tiny_model(), data()
+        opt = tf_amp.LossScaleOptimizer(keras.optimizers.Adam(1e-2))
+        for _ in range(3):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.square(model(x) - y))
+                scaled = (opt.get_scaled_loss if recipe == "tf2" else opt.scale_loss)(loss)
+            grads = tape.gradient(scaled, model.trainable_variables)
+            if recipe == "tf2":
+                grads = opt.get_unscaled_gradients(grads)
+                opt.apply_gradients(zip(grads, model.trainable_variables))
+            else:
+                opt.apply(grads, model.trainable_variables)
+        results.append([w.numpy() for w in model.weights])
+    assert bit_equal(*results)
+
+
+def test_unscaling_twice_in_one_step_is_an_error():
+    opt = tf_amp.LossScaleOptimizer(keras.optimizers.SGD())
+    opt.get_unscaled_gradients([tf.ones(2)])
+    with pytest.raises(RuntimeError, match="unscaled twice"):
+        opt.get_unscaled_gradients([tf.ones(2)])
+
+
+def test_get_unscaled_gradients_then_non_finite_still_skips():
+    w = keras.Variable([1.0])
+    opt = tf_amp.LossScaleOptimizer(keras.optimizers.SGD(1.0), 8.0)
+    grads = opt.get_unscaled_gradients([tf.constant([np.nan])])
+    opt.apply_gradients(zip(grads, [w]))
+    assert w.numpy()[0] == 1.0 and int(opt.skipped_steps) == 1
+
+
+def test_enabled_false_is_the_inner_optimizer():
+    runs = []
+    for enabled in (True, False, None):
+        w = keras.Variable([1.0, -2.0])
+        inner = keras.optimizers.Adam(0.1)
+        opt = inner if enabled is None else tf_amp.LossScaleOptimizer(inner, enabled=enabled)
+        for _ in range(3):
+            with tf.GradientTape() as tape:
+                loss = opt.scale_loss(tf.reduce_sum(w * w))
+            opt.apply(tape.gradient(loss, [w]), [w])
+        runs.append(w.numpy())
+    np.testing.assert_array_equal(runs[1], runs[2])
+    disabled = tf_amp.LossScaleOptimizer(keras.optimizers.SGD(), enabled=False)
+    assert float(disabled.scale_loss(tf.constant(3.0))) == 3.0
+    assert float(disabled.loss_scale) == 1.0
+
+
+def test_static_scale_is_settable_and_counts_skips():
+    w = keras.Variable([1.0])
+    opt = tf_amp.LossScaleOptimizer(keras.optimizers.SGD(1.0), loss_scale=128)
+    assert not opt.dynamic and float(opt.loss_scale) == 128.0
+    opt.apply([tf.constant([np.inf])], [w])
+    assert float(opt.loss_scale) == 128.0 and int(opt.skipped_steps) == 1
+    opt.loss_scale = 64.0
+    opt.apply([tf.constant([64.0])], [w])
+    assert float(opt.loss_scale) == 64.0 and w.numpy()[0] == 0.0
+
+
+def test_two_optimizers_keep_their_own_scales():
+    """GAN-style: generator and discriminator optimizers skip and back off independently."""
+    g_w, d_w = keras.Variable([1.0]), keras.Variable([1.0])
+    g_opt = tf_amp.LossScaleOptimizer(keras.optimizers.SGD(0.1), DynamicLossScale(16.0))
+    d_opt = tf_amp.LossScaleOptimizer(keras.optimizers.SGD(0.1), DynamicLossScale(16.0))
+    g_opt.apply([tf.constant([np.inf])], [g_w])
+    d_opt.apply([tf.constant([16.0])], [d_w])
+    assert float(g_opt.loss_scale) == 8.0 and float(d_opt.loss_scale) == 16.0
+    assert g_w.numpy()[0] == 1.0 and d_w.numpy()[0] == pytest.approx(0.9)
+
+
+def test_floor_warning_once_and_raise_after_consecutive_skips(capfd):
+    w = keras.Variable([1.0])
+    opt = tf_amp.LossScaleOptimizer(
+        keras.optimizers.SGD(), DynamicLossScale(initial_scale=2.0), max_consecutive_skips=6
+    )
+    step = tf.function(lambda: opt.apply([tf.constant([np.nan])], [w]))
+    for _ in range(5):
+        step()
+    err = capfd.readouterr().err
+    assert err.count("loss scale is at its floor") == 1, err
+    assert "not a float16 overflow" in err
+    with pytest.raises(tf.errors.InvalidArgumentError, match="6 consecutive steps were skipped"):
+        step()
+
+
+def test_scale_and_skips_as_summaries_and_fit_logs(tmp_path):
+    w = keras.Variable([1.0])
+    opt = tf_amp.LossScaleOptimizer(keras.optimizers.SGD(), DynamicLossScale(8.0))
+    writer = tf.summary.create_file_writer(str(tmp_path))
+    with writer.as_default():
+        opt.apply([tf.constant([np.inf])], [w])
+        opt.apply([tf.constant([1.0])], [w])
+    writer.flush()
+    seen: dict[str, list[float]] = {}
+    for name in os.listdir(tmp_path):
+        for event in tf.compat.v1.train.summary_iterator(os.path.join(tmp_path, name)):
+            for value in event.summary.value:
+                seen.setdefault(value.tag, []).append(float(tf.make_ndarray(value.tensor)))
+    assert seen["tf_amp/loss_scale"] == [4.0, 4.0]
+    assert seen["tf_amp/skipped_steps"] == [1.0, 1.0]
+
+    model, (x, y) = tiny_model(), data()
+    model.compile(optimizer=tf_amp.LossScaleOptimizer(keras.optimizers.Adam()), loss="mse")
+    history = model.fit(x, y, epochs=1, verbose=0, callbacks=[LossScaleCallback()])
+    assert history.history["loss_scale"] == [2.0**15]
+    assert history.history["skipped_steps"] == [0.0]
+
+
+def test_wrapping_errors_say_what_to_pass():
+    wrapped = tf_amp.LossScaleOptimizer(keras.optimizers.Adam())
+    with pytest.raises(ValueError, match="already a tf_amp LossScaleOptimizer"):
+        tf_amp.LossScaleOptimizer(wrapped)
+    with pytest.raises(ValueError, match="pass its `inner_optimizer`"):
+        tf_amp.LossScaleOptimizer(keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam()))
+    with pytest.raises(TypeError, match="pass a Keras 3 optimizer"):
+        tf_amp.LossScaleOptimizer("adam")
+    with pytest.raises(TypeError, match="build it first"):
+        tf_amp.LossScaleOptimizer("adam")
+    with pytest.raises(ValueError, match="set `clipnorm` on the inner optimizer"):
+        KerasLossScaleOptimizer(keras.optimizers.Adam(), clipnorm=1.0)
+    with pytest.raises(ValueError, match="pass loss_scale=128.0"):
+        tf_amp.LossScaleOptimizer(keras.optimizers.Adam(loss_scale_factor=128.0))
+
+
+def test_enable_mixed_precision_graph_rewrite_marks_and_toggles():
+    from tf_amp.enable import is_rewrite_enabled, optimizer_wants_rewrite
+
+    try:
+        opt = tf_amp.enable_mixed_precision_graph_rewrite(keras.optimizers.Adam(), 256)
+        assert isinstance(opt, KerasLossScaleOptimizer) and opt._tf_amp_graph_rewrite is True
+        assert optimizer_wants_rewrite(opt) and is_rewrite_enabled()
+        assert float(opt.loss_scale) == 256.0
+        with pytest.raises(ValueError, match="already a tf_amp"):
+            tf_amp.enable_mixed_precision_graph_rewrite(opt)
+        with pytest.raises(TypeError, match="tf.compat.v1.train.Optimizer"):
+            tf_amp.enable_mixed_precision_graph_rewrite(object())
+    finally:
+        tf_amp.disable_mixed_precision_graph_rewrite()
+    assert not is_rewrite_enabled()
