@@ -101,7 +101,10 @@ def test_skipped_steps_change_nothing_bit_for_bit(seed):
 
 
 def test_fit_save_load_resume_continues_the_same_schedule(tmp_path):
-    """4 steps/epoch, growth every 3: save after 2 epochs + load + 2 epochs == 4 epochs straight (weights, scale, counters)."""
+    """save after 2 epochs + load + 2 more == 4 epochs straight: weights, scale, counters.
+
+    4 steps per epoch and growth every 3 steps, so the schedule crosses the save point.
+    """
     x, y = data(64)
 
     def compiled(seed: int) -> keras.Model:
@@ -191,7 +194,7 @@ def test_tf2_guide_recipe_matches_keras3_recipe():
             grads = tape.gradient(scaled, model.trainable_variables)
             if recipe == "tf2":
                 grads = opt.get_unscaled_gradients(grads)
-                opt.apply_gradients(zip(grads, model.trainable_variables))
+                opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
             else:
                 opt.apply(grads, model.trainable_variables)
         results.append([w.numpy() for w in model.weights])
@@ -209,7 +212,7 @@ def test_get_unscaled_gradients_then_non_finite_still_skips():
     w = keras.Variable([1.0])
     opt = tf_amp.LossScaleOptimizer(keras.optimizers.SGD(1.0), 8.0)
     grads = opt.get_unscaled_gradients([tf.constant([np.nan])])
-    opt.apply_gradients(zip(grads, [w]))
+    opt.apply_gradients(zip(grads, [w], strict=True))
     assert w.numpy()[0] == 1.0 and int(opt.skipped_steps) == 1
 
 
