@@ -1,0 +1,177 @@
+"""RewriteConfig: every knob of the graph rewrite, and the one place that reads its env vars.
+
+Why one place: the rewrite itself is a pure function of (GraphDef, RewriteConfig). Reading the
+environment inside the passes would make results depend on hidden global state (and make the
+rewrite "stay on" after a test set a variable). ``RewriteConfig()`` never looks at the
+environment; ``RewriteConfig.from_env()`` does, once, and validates every value.
+
+Environment variables read by ``from_env``:
+
+- list edits: ``TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_{ALLOWLIST,INFERLIST,CLEARLIST,DENYLIST}_
+  {ADD,REMOVE}``, legacy ``..._{WHITELIST,GRAYLIST,BLACKLIST}_{ADD,REMOVE}``, and
+  ``TF_AMP_{ALLOWLIST,INFERLIST,CLEARLIST,DENYLIST}_{ADD,REMOVE}`` (see ``tf_amp.lists``);
+- ``TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_LEVEL``: TENSOR_CORES_ONLY | TREAT_INFER_AS_DENY |
+  UNSAFE_FORCE_ALL;
+- ``TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_LOG_PATH`` or ``TF_AMP_LOG_PATH``: log directory;
+- ``TF_AMP_OPT_LEVEL``: O0 | O1 | O2 | O3;
+- ``TF_AMP_TARGET_DTYPE``: float16 | bfloat16;
+- ``TF_AMP_ELIGIBLE_DEVICES``: all | gpu;
+- ``TF_AMP_EXCLUDE_SCOPES``: comma-separated name scopes kept in float32;
+- ``TF_AMP_CHECK_KERNELS``: 1 | 0 (0 = trust the OpDef, for GPU-targeted rewriting on a
+  machine whose TensorFlow has no GPU kernels).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from tf_amp.lists import LEVEL_ENV, LEVELS, OpLists, split_op_names
+
+OPT_LEVELS: tuple[str, ...] = ("O0", "O1", "O2", "O3")
+TARGET_DTYPES: tuple[str, ...] = ("float16", "bfloat16")
+ELIGIBLE_DEVICES: tuple[str, ...] = ("all", "gpu")
+LOG_PATH_ENVS: tuple[str, ...] = (
+    "TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_LOG_PATH",
+    "TF_AMP_LOG_PATH",
+)
+
+
+@dataclass(frozen=True)
+class RewriteConfig:
+    """What to rewrite and how.
+
+    Attributes:
+      target_dtype: "float16" (default) or "bfloat16".
+      eligible_devices: "all" treats every node as a candidate (the CPU default, and what the
+        tests use); "gpu" only nodes placed on a GPU, like TensorFlow's own pass.
+      preserve_nodes: node names never changed (feeds and fetches): their dtypes stay.
+      preserve_names: name-preserving mode: an op that becomes half moves to a new name and a
+        Cast back to float takes its original name, so every original tensor name keeps its
+        dtype (what a TF1 Session adapter needs to map feeds and fetches by name).
+      opt_level: "O0" unchanged, "O1" list based (TensorFlow's behaviour), "O2" every float op
+        with a half kernel except deny-list ops, "O3" every op with a half kernel.
+      lists: the op lists; None means ``OpLists.default(target_dtype)``.
+      level: TensorFlow's ``..._LEVEL`` (TENSOR_CORES_ONLY, TREAT_INFER_AS_DENY,
+        UNSAFE_FORCE_ALL), applied on top of ``lists``.
+      log_dir: where to write before/after graphs and the decision report; None: nowhere.
+      exclude_scopes: name scopes (node-name prefixes) kept float32, like an ``_tf_amp_exclude``
+        attr on each of their nodes.
+      check_kernels: require a registered half kernel for the node's device type. Turn off to
+        rewrite for a GPU on a machine whose TensorFlow only has CPU kernels (the OpDef's
+        allowed types are still checked).
+      default_device_type: device type assumed for nodes with no device ("CPU" or "GPU").
+      rewrite_functions: also rewrite every FunctionDef in the graph's library.
+      fold_constant_casts: give a float32 Const that only feeds half consumers... see
+        ``tf_amp.cast_planner``; off by default (Grappler's constant folding removes the
+        Cast at run time anyway, and the original Const stays fetchable).
+    """
+
+    target_dtype: str = "float16"
+    eligible_devices: str = "all"
+    preserve_nodes: frozenset[str] = field(default_factory=frozenset)
+    preserve_names: bool = False
+    opt_level: str = "O1"
+    lists: OpLists | None = None
+    level: str = ""
+    log_dir: str | None = None
+    exclude_scopes: tuple[str, ...] = ()
+    check_kernels: bool = True
+    default_device_type: str = "CPU"
+    rewrite_functions: bool = True
+    fold_constant_casts: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "preserve_nodes", frozenset(self.preserve_nodes))
+        object.__setattr__(self, "exclude_scopes", tuple(self.exclude_scopes))
+        object.__setattr__(self, "level", self.level.upper())
+        _check_choice("target_dtype", self.target_dtype, TARGET_DTYPES)
+        _check_choice("eligible_devices", self.eligible_devices, ELIGIBLE_DEVICES)
+        _check_choice("opt_level", self.opt_level, OPT_LEVELS)
+        _check_choice("level", self.level, LEVELS)
+        _check_choice("default_device_type", self.default_device_type, ("CPU", "GPU"))
+        if self.lists is not None and not isinstance(self.lists, OpLists):
+            raise TypeError(f"lists must be an OpLists or None, got {type(self.lists).__name__}")
+
+    def resolved_lists(self) -> OpLists:
+        """The lists the painter uses: ``lists`` (or the defaults) with ``level`` applied."""
+        base = self.lists if self.lists is not None else OpLists.default(self.target_dtype)
+        return base.with_level(self.level)
+
+    def replace(self, **changes: Any) -> RewriteConfig:
+        """A copy with some fields changed (validated again)."""
+        return replace(self, **changes)
+
+    @classmethod
+    def from_env(
+        cls, environ: Mapping[str, str] | None = None, **overrides: Any
+    ) -> RewriteConfig:
+        """A config from the environment; keyword ``overrides`` win over the environment.
+
+        Raises ValueError naming the variable when a value is not understood.
+        """
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        target = overrides.get("target_dtype") or _env_choice(
+            env, "TF_AMP_TARGET_DTYPE", TARGET_DTYPES, "float16"
+        )
+        values["target_dtype"] = target
+        values["opt_level"] = _env_choice(env, "TF_AMP_OPT_LEVEL", OPT_LEVELS, "O1", upper=True)
+        values["eligible_devices"] = _env_choice(
+            env, "TF_AMP_ELIGIBLE_DEVICES", ELIGIBLE_DEVICES, "all"
+        )
+        values["level"] = _env_choice(env, LEVEL_ENV, LEVELS, "", upper=True)
+        for var in LOG_PATH_ENVS:
+            if env.get(var, "").strip():
+                values["log_dir"] = env[var].strip()
+                break
+        scopes = split_op_names(env.get("TF_AMP_EXCLUDE_SCOPES", ""))
+        if scopes:
+            values["exclude_scopes"] = tuple(scopes)
+        values["check_kernels"] = _env_bool(env, "TF_AMP_CHECK_KERNELS", True)
+        overrides = dict(overrides)
+        base_lists = overrides.pop("lists", None)
+        try:
+            values["lists"] = OpLists.from_env(
+                env, target_dtype=target, base=base_lists, apply_level=False
+            )
+        except ValueError as err:
+            raise ValueError(f"Bad list environment variable: {err}") from err
+        values.update(overrides)
+        names = {f.name for f in fields(cls)}
+        unknown = set(values) - names
+        if unknown:
+            raise TypeError(f"Unknown RewriteConfig field(s): {sorted(unknown)}")
+        return cls(**values)
+
+
+def _check_choice(name: str, value: object, choices: Iterable[str]) -> None:
+    choices = tuple(choices)
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+
+
+def _env_choice(
+    env: Mapping[str, str], var: str, choices: tuple[str, ...], default: str, upper: bool = False
+) -> str:
+    raw = env.get(var, "").strip()
+    if not raw:
+        return default
+    value = raw.upper() if upper else raw.lower()
+    if value not in choices:
+        shown = [c for c in choices if c]
+        raise ValueError(f"{var}={raw!r} is not understood; use one of {shown}")
+    return value
+
+
+def _env_bool(env: Mapping[str, str], var: str, default: bool) -> bool:
+    raw = env.get(var, "").strip().lower()
+    if not raw:
+        return default
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{var}={env[var]!r} is not understood; use 1 or 0")

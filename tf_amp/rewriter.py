@@ -1,0 +1,162 @@
+"""``rewrite_graph_def``: the public entry point of the mixed-precision graph rewrite.
+
+A pure function: GraphDef (with its function library) in, a new GraphDef plus a report out.
+The input is never mutated; the same input and config give the same bytes.
+
+Example::
+
+    from tf_amp.rewriter import rewrite_graph_def
+    from tf_amp.config import RewriteConfig
+
+    result = rewrite_graph_def(graph_def, RewriteConfig(preserve_nodes={"loss"}))
+    print(result.report.summary_line())
+    tf.graph_util.import_graph_def(result.graph_def)
+
+Pipeline per body (main graph, then every library FunctionDef): ``type_attrs`` (vertex view)
+-> ``painter`` (passes) -> ``cast_planner`` (attrs + casts), then ``report`` and, when a log
+directory is configured, ``graph_log``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from tensorflow.core.framework import graph_pb2
+
+from tf_amp.cast_planner import plan_and_apply
+from tf_amp.config import RewriteConfig
+from tf_amp.painter import Painter
+from tf_amp.report import BodyRecord, RewriteReport
+from tf_amp.type_attrs import (
+    DT_BFLOAT16,
+    DT_HALF,
+    GraphRewriteError,
+    OpInfo,
+    build_body_view,
+    function_op_info,
+)
+
+logger = logging.getLogger("tf_amp")
+
+__all__ = ["GraphRewriteError", "RewriteResult", "rewrite_graph_def"]
+
+
+@dataclass(frozen=True)
+class RewriteResult:
+    """The rewritten graph and what was done to it."""
+
+    graph_def: graph_pb2.GraphDef
+    report: RewriteReport
+
+
+def rewrite_graph_def(
+    graph_def: graph_pb2.GraphDef, config: RewriteConfig | None = None
+) -> RewriteResult:
+    """Rewrite ``graph_def`` for mixed precision; see the module docstring.
+
+    Raises:
+      TypeError: ``graph_def`` is not a GraphDef.
+      GraphRewriteError (a ValueError): the graph is malformed (duplicate node names,
+        inputs naming no node, wrong input counts). Nothing is returned half-done.
+    """
+    config = config if config is not None else RewriteConfig()
+    out = _copy_graph_def(graph_def)
+    report = RewriteReport(
+        target_dtype=config.target_dtype,
+        opt_level=config.opt_level,
+        check_kernels=config.check_kernels,
+        default_device_type=config.default_device_type,
+    )
+    if config.opt_level == "O0":
+        report.nodes_before = len(out.node)
+        logger.info("tf_amp: opt level O0, graph left unchanged (nothing to do)")
+        return RewriteResult(out, report)
+
+    target = DT_HALF if config.target_dtype == "float16" else DT_BFLOAT16
+    lists = config.resolved_lists()
+    functions: dict[str, OpInfo] = {
+        f.signature.name: function_op_info(f) for f in out.library.function
+    }
+
+    bodies: list[tuple[str, Any, Any]] = [("", out, None)]
+    if config.rewrite_functions:
+        bodies.extend((f.signature.name, f, f) for f in out.library.function)
+    # Build every view first: a malformed body raises before any body is changed.
+    views = []
+    for name, container, fdef in bodies:
+        nodes = fdef.node_def if fdef is not None else container.node
+        try:
+            views.append(build_body_view(nodes, functions, fdef))
+        except GraphRewriteError as err:
+            where = f" (in function {name!r})" if name else ""
+            raise GraphRewriteError(f"{err}{where}") from None
+
+    for (name, container, _fdef), view in zip(bodies, views, strict=False):
+        preserve = config.preserve_nodes if not name else frozenset()
+        painting = Painter(view, config, lists, preserve).paint()
+        report.nodes_before += view.num_real
+        for n in view.unknown_ops:
+            report.unknown_ops.append((name, view.names[n], view.ops[n]))
+        for key, count in painting.pass_counts.items():
+            report.pass_counts[key] = report.pass_counts.get(key, 0) + count
+        report.bodies.append(BodyRecord(name, view, painting))
+        if painting.nothing_to_do:
+            continue
+        report.nothing_to_do = False
+        plan = plan_and_apply(
+            view,
+            painting,
+            container,
+            target,
+            preserve_names=config.preserve_names,
+            fold_constant_casts=config.fold_constant_casts,
+        )
+        report.type_attrs_converted += plan.type_attrs_converted
+        report.casts_to_half += plan.casts_to_half
+        report.casts_to_half_total += plan.casts_to_half_total
+        report.casts_to_float += plan.casts_to_float
+        report.consts_folded += plan.consts_folded
+        report.renamed.update(plan.renamed)
+        if name and plan.type_attrs_converted:
+            report.functions_rewritten += 1
+
+    _log(report)
+    if config.log_dir:
+        from tf_amp.graph_log import write_rewrite_logs
+
+        write_rewrite_logs(config.log_dir, graph_def, out, report)
+    return RewriteResult(out, report)
+
+
+def _copy_graph_def(graph_def: Any) -> graph_pb2.GraphDef:
+    if isinstance(graph_def, graph_pb2.GraphDef):
+        out = graph_pb2.GraphDef()
+        out.CopyFrom(graph_def)
+        return out
+    # Accept any GraphDef-like message (e.g. from another protobuf runtime) by bytes.
+    if hasattr(graph_def, "SerializeToString") and type(graph_def).__name__ == "GraphDef":
+        out = graph_pb2.GraphDef()
+        out.ParseFromString(graph_def.SerializeToString())
+        return out
+    raise TypeError(
+        f"rewrite_graph_def expects a tf.compat.v1.GraphDef, got {type(graph_def).__name__}; "
+        f"use concrete_function.graph.as_graph_def() or graph.as_graph_def()"
+    )
+
+
+def _log(report: RewriteReport) -> None:
+    for key, count in sorted(report.pass_counts.items()):
+        logger.debug("tf_amp pass %s changed %d vertices", key, count)
+    if report.changed:
+        logger.info(report.summary_line())
+    else:
+        logger.info("tf_amp: no allow-list ops found, nothing to do (graph unchanged)")
+    if report.unknown_ops:
+        shown = ", ".join(f"{node} ({op})" for _, node, op in report.unknown_ops[:5])
+        logger.warning(
+            "tf_amp: %d node(s) use ops TensorFlow has not registered and were kept float32: %s",
+            len(report.unknown_ops),
+            shown,
+        )
