@@ -130,7 +130,12 @@ class V1LossScaleOptimizer(_V1Optimizer):
         return self._inner.get_slot(var, name)
 
     def get_slot_names(self) -> list[str]:
-        return self._inner.get_slot_names()
+        """Empty: the slots belong to ``inner_optimizer`` (ask it for their names).
+
+        ``tf.train.Checkpoint`` saves the slots of every object that names them; naming the
+        inner optimizer's slots here too would save each slot twice, which it refuses.
+        """
+        return []
 
     # ------------------------------------------------------------------------ gradients
     def get_scaled_loss(self, loss: Any) -> Any:

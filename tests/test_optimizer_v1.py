@@ -1,0 +1,168 @@
+"""The tf.compat.v1.train LossScaleOptimizer in a TF1 Session and in tf.function."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_amp
+from tf_amp.loss_scale import DynamicLossScale
+from tf_amp.optimizers.v1 import V1LossScaleOptimizer
+
+v1 = tf.compat.v1
+
+
+def build_graph(loss_scale, inner=None):
+    """x(4x3) -> matmul w(3x2) -> gather rows of emb(5x2) -> loss * poison.
+
+    ``poison`` (a placeholder, default 1) turns the loss, and so every gradient, into inf/nan.
+    ``emb`` is read through tf.gather, so its gradient is an IndexedSlices.
+    """
+    x = tf.constant(np.arange(12, dtype=np.float32).reshape(4, 3) / 10.0)
+    poison = v1.placeholder_with_default(tf.constant(1.0), [])
+    w = v1.get_variable("w", initializer=tf.constant([[0.1, 0.2], [0.3, -0.1], [0.0, 0.5]]))
+    emb = v1.get_variable("emb", initializer=tf.ones([5, 2]))
+    h = tf.matmul(x, w) * tf.gather(emb, [0, 2, 2, 4])
+    loss = tf.reduce_mean(tf.square(h - 1.0)) * poison
+    step = v1.train.get_or_create_global_step()
+    opt = tf_amp.LossScaleOptimizer(inner or v1.train.AdamOptimizer(0.05), loss_scale)
+    train = opt.minimize(loss, global_step=step)
+    return opt, train, poison, step
+
+
+def session_state(sess, opt):
+    """Every variable except the loss-scale state: weights, slots, beta powers, global_step."""
+    own = {v.name for v in opt._state_vars}
+    variables = sorted(
+        (v for v in v1.global_variables() if v.name not in own), key=lambda v: v.name
+    )
+    return [v.name for v in variables], [value.tobytes() for value in sess.run(variables)]
+
+
+def test_session_skip_semantics_with_injected_inf_and_nan():
+    rng = np.random.default_rng(3)
+    with tf.Graph().as_default():
+        opt, train, poison, step = build_graph(DynamicLossScale(2.0**8, growth_interval=3))
+        assert isinstance(opt, V1LossScaleOptimizer)
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            names, _ = session_state(sess, opt)
+            assert {"w/Adam:0", "emb/Adam:0", "beta1_power:0", "global_step:0"} <= set(names)
+            injected = 0
+            for _ in range(20):
+                bad = rng.choice([1.0, 1.0, np.inf, np.nan])
+                _, before = session_state(sess, opt)
+                sess.run(train, {poison: bad})
+                _, after = session_state(sess, opt)
+                if bad == 1.0:
+                    assert before != after
+                else:
+                    injected += 1
+                    assert before == after  # bit-identical, global_step included
+            assert sess.run(opt.skipped_steps) == injected > 0
+            assert sess.run(step) == 20 - injected
+
+
+def test_compute_gradients_are_unscaled_and_indexed_slices_kept():
+    with tf.Graph().as_default():
+        x = tf.constant([[1.0, 2.0]])
+        w = v1.get_variable("w", initializer=tf.constant([[0.5], [0.25]]))
+        emb = v1.get_variable("emb", initializer=tf.ones([3, 1]))
+        loss = tf.reduce_sum(tf.matmul(x, w) * tf.gather(emb, [1]))
+        plain = v1.train.GradientDescentOptimizer(1.0).compute_gradients(loss)
+        opt = tf_amp.LossScaleOptimizer(v1.train.GradientDescentOptimizer(1.0), 2.0**12)
+        scaled = opt.compute_gradients(loss)
+        assert isinstance(scaled[1][0], tf.IndexedSlices)
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            np.testing.assert_array_equal(*sess.run([plain[0][0], scaled[0][0]]))
+            np.testing.assert_array_equal(*sess.run([plain[1][0].values, scaled[1][0].values]))
+
+
+def test_clipping_between_compute_and_apply_rechecks_the_clipped_gradients():
+    with tf.Graph().as_default():
+        w = v1.get_variable("w", initializer=tf.constant([3.0, 4.0]))
+        opt = tf_amp.LossScaleOptimizer(v1.train.GradientDescentOptimizer(1.0), 2.0**20)
+        ((g, v),) = opt.compute_gradients(tf.reduce_sum(w * w) / 2.0)
+        clipped, _ = tf.clip_by_global_norm([g], 1.0)
+        train = opt.apply_gradients([(clipped[0], v)])
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            sess.run(train)
+            np.testing.assert_allclose(sess.run(w), [2.4, 3.2], rtol=1e-6)
+
+
+def test_saver_round_trip_and_resume_follow_one_schedule(tmp_path):
+    """5 steps + save + restore in a new graph + 5 steps == 10 steps straight."""
+    schedule = [1.0, np.inf, 1.0, 1.0, 1.0, 1.0, np.nan, 1.0, 1.0, 1.0]
+    policy = DynamicLossScale(16.0, growth_interval=2)
+
+    def run(steps, restore_from=None, save_to=None):
+        with tf.Graph().as_default():
+            opt, train, poison, _ = build_graph(policy)
+            saver = v1.train.Saver()
+            with v1.Session() as sess:
+                sess.run(v1.global_variables_initializer())
+                if restore_from:
+                    saver.restore(sess, restore_from)
+                for bad in steps:
+                    sess.run(train, {poison: bad})
+                if save_to:
+                    saver.save(sess, save_to)
+                return session_state(sess, opt)[1] + [
+                    sess.run(v).tobytes() for v in opt._state_vars
+                ], [sess.run(v) for v in opt._state_vars]
+
+    straight, straight_state = run(schedule)
+    path = os.path.join(tmp_path, "model")
+    _, saved_state = run(schedule[:5], save_to=path)
+    assert saved_state[0] == 16.0 and saved_state[2] == 1  # 16 -> 8 (inf) -> 16 (2 good)
+    resumed, resumed_state = run(schedule[5:], restore_from=path)
+    assert resumed == straight
+    assert resumed_state[0] == straight_state[0] and resumed_state[2] == 2
+
+
+def test_tf_function_minimize_and_checkpoint_round_trip(tmp_path):
+    v = tf.Variable([1.0, 2.0])
+    step = tf.Variable(0, dtype=tf.int64)
+    opt = tf_amp.LossScaleOptimizer(v1.train.MomentumOptimizer(0.1, 0.9), DynamicLossScale(8.0))
+
+    @tf.function
+    def train(bad):
+        opt.minimize(lambda: tf.reduce_sum(v * v) * bad, var_list=[v], global_step=step)
+
+    train(tf.constant(1.0))
+    momentum_before = opt.get_slot(v, "momentum").numpy().copy()
+    weights_before = v.numpy().copy()
+    train(tf.constant(np.inf))
+    assert v.numpy().tobytes() == weights_before.tobytes()
+    assert opt.get_slot(v, "momentum").numpy().tobytes() == momentum_before.tobytes()
+    assert int(step) == 1 and float(opt.loss_scale) == 4.0 and int(opt.skipped_steps) == 1
+
+    ckpt = tf.train.Checkpoint(optimizer=opt, v=v, step=step)
+    path = ckpt.save(os.path.join(tmp_path, "ck"))
+    train(tf.constant(np.nan))
+    assert float(opt.loss_scale) == 2.0
+    ckpt.restore(path).assert_existing_objects_matched()
+    assert float(opt.loss_scale) == 4.0 and int(opt.skipped_steps) == 1
+
+
+def test_enabled_false_and_errors():
+    with tf.Graph().as_default():
+        w = v1.get_variable("w", initializer=tf.constant([1.0]))
+        opt = tf_amp.LossScaleOptimizer(v1.train.GradientDescentOptimizer(1.0), enabled=False)
+        train = opt.minimize(tf.reduce_sum(w * w) * np.float32(np.inf))
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            sess.run(train)
+            assert np.isnan(sess.run(w)[0]) or np.isinf(sess.run(w)[0])  # no skipping
+    inner = v1.train.AdamOptimizer()
+    wrapped = tf_amp.LossScaleOptimizer(inner)
+    with pytest.raises(ValueError, match="already a tf_amp LossScaleOptimizer"):
+        tf_amp.LossScaleOptimizer(wrapped)
+    marked = tf_amp.enable_mixed_precision_graph_rewrite(v1.train.AdamOptimizer())
+    tf_amp.disable_mixed_precision_graph_rewrite()
+    assert isinstance(marked, V1LossScaleOptimizer) and marked._tf_amp_graph_rewrite
