@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Creates .venv, installs TensorFlow and tf_amp (building its native op against that
+# TensorFlow), and checks that the op loads. Safe to run again.
+#   TF_PACKAGE   the TensorFlow distribution (default tensorflow-cpu==2.21.*; a GPU machine
+#                wants 'tensorflow[and-cuda]==2.21.*')
+#   PYTHON       the interpreter that creates the venv (default python3)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+python=${PYTHON:-python3}
+tf_package=${TF_PACKAGE:-tensorflow-cpu==2.21.*}
+
+command -v "$python" >/dev/null || { echo "error: $python not found: install Python 3.10-3.12" >&2; exit 1; }
+command -v "${CXX:-g++}" >/dev/null || {
+  echo "error: no C++ compiler (${CXX:-g++}) to build tf_amp's native op: apt-get install g++" >&2
+  exit 1
+}
+[ -x .venv/bin/python ] || "$python" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip setuptools wheel
+.venv/bin/python -m pip install -q "$tf_package"
+# --no-build-isolation: the op is compiled with the installed TensorFlow's headers and flags.
+.venv/bin/python -m pip install -q --no-build-isolation -e ".[test]"
+TF_CPP_MIN_LOG_LEVEL=2 .venv/bin/python -c \
+  "import tf_amp.ops as o; assert o.native_op_available(), 'native op did not load'; print('tf_amp ready: native op loaded')"

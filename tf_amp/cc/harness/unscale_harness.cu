@@ -1,0 +1,266 @@
+// Standalone check and timing of the tf_amp CUDA kernel, with no TensorFlow: the GPU machines
+// lent to this project have CUDA but no TensorFlow. Builds with the op's own kernel source:
+//   nvcc -std=c++17 -O3 -I. -o harness tf_amp/cc/harness/unscale_harness.cu \
+//        -x cu tf_amp/cc/unscale_and_check_finite_gpu.cu.cc
+//   ./harness [resnet50|bert-base]...
+// (a) correctness: every dtype against a host reference, bit for bit, on random data, then
+//     inf / -inf / nan injected at the first, middle and last element of the first and the
+//     last tensor must clear the flag; (b) timing: the whole list in place, against a
+//     device-to-device copy of the same bytes (the bandwidth floor for read + write).
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "tf_amp/cc/unscale_kernels_gpu.h"
+
+#define CHECK_CUDA(call)                                                               \
+  do {                                                                                 \
+    cudaError_t status_ = (call);                                                      \
+    if (status_ != cudaSuccess) {                                                      \
+      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(status_)); \
+      std::exit(2);                                                                    \
+    }                                                                                  \
+  } while (0)
+
+using tf_amp::GpuDtype;
+using tf_amp::GpuTensorEntry;
+
+std::vector<int64_t> ShapesFor(const std::string& model) {
+  std::vector<int64_t> sizes;
+  if (model == "bert-base") {
+    const int64_t h = 768, f = 3072;
+    sizes = {30522 * h, 512 * h, 2 * h, h, h};
+    for (int layer = 0; layer < 12; ++layer) {
+      for (int k = 0; k < 4; ++k) sizes.insert(sizes.end(), {h * h, h});
+      sizes.insert(sizes.end(), {h, h, h * f, f, f * h, h, h, h});
+    }
+    sizes.insert(sizes.end(), {h * h, h});
+    return sizes;
+  }
+  // ResNet-50 trainable variables, as listed by keras.applications.ResNet50(weights=None).
+  const char* path = "bench/shapes/resnet50.txt";
+  FILE* file = std::fopen(path, "r");
+  if (file == nullptr) { std::fprintf(stderr, "missing %s\n", path); std::exit(2); }
+  char line[256];
+  while (std::fgets(line, sizeof(line), file) != nullptr) {
+    if (line[0] != '#') sizes.push_back(std::atoll(line));  // '#' lines are comments
+  }
+  std::fclose(file);
+  return sizes;
+}
+
+size_t ElementBytes(GpuDtype dtype) {
+  switch (dtype) {
+    case GpuDtype::kDouble: return 8;
+    case GpuDtype::kFloat: return 4;
+    default: return 2;
+  }
+}
+
+// Host reference of one element, following the op's arithmetic contract; returns raw bits.
+uint64_t Reference(GpuDtype dtype, uint64_t bits, float scale) {
+  const float inverse = 1.0f / scale;
+  switch (dtype) {
+    case GpuDtype::kFloat: {
+      float g; std::memcpy(&g, &bits, 4); const float v = g * inverse;
+      uint32_t out; std::memcpy(&out, &v, 4); return out;
+    }
+    case GpuDtype::kDouble: {
+      double g; std::memcpy(&g, &bits, 8); const double v = g * (1.0 / double(scale));
+      uint64_t out; std::memcpy(&out, &v, 8); return out;
+    }
+    case GpuDtype::kHalf: {
+      __half_raw raw; raw.x = uint16_t(bits);
+      const __half v = __float2half_rn(__half2float(__half(raw)) * inverse);
+      return __half_raw(v).x;
+    }
+    case GpuDtype::kBfloat16: {
+      __nv_bfloat16_raw raw; raw.x = uint16_t(bits);
+      const __nv_bfloat16 v = __float2bfloat16_rn(__bfloat162float(__nv_bfloat16(raw)) * inverse);
+      return __nv_bfloat16_raw(v).x;
+    }
+  }
+  return 0;
+}
+
+uint64_t FromDouble(GpuDtype dtype, double value) {
+  switch (dtype) {
+    case GpuDtype::kFloat: { float f = float(value); uint32_t b; std::memcpy(&b, &f, 4); return b; }
+    case GpuDtype::kDouble: { uint64_t b; std::memcpy(&b, &value, 8); return b; }
+    case GpuDtype::kHalf: return __half_raw(__float2half_rn(float(value))).x;
+    case GpuDtype::kBfloat16: return __nv_bfloat16_raw(__float2bfloat16_rn(float(value))).x;
+  }
+  return 0;
+}
+
+struct DeviceList {
+  std::vector<GpuTensorEntry> table;
+  std::vector<void*> buffers;
+  GpuTensorEntry* device_table = nullptr;
+  GpuTensorEntry* pinned_table = nullptr;
+  int64_t chunks = 0;
+  size_t bytes = 0;
+
+  DeviceList(const std::vector<int64_t>& sizes, GpuDtype dtype) {
+    for (int64_t n : sizes) {
+      void* buffer = nullptr;
+      CHECK_CUDA(cudaMalloc(&buffer, std::max<size_t>(1, n * ElementBytes(dtype))));
+      buffers.push_back(buffer);
+      table.push_back({buffer, buffer, n, 0, dtype, 0});
+      bytes += n * ElementBytes(dtype);
+    }
+    chunks = tf_amp::PlanGpuTable(table.data(), int(table.size()));
+    CHECK_CUDA(cudaMalloc(&device_table, sizeof(GpuTensorEntry) * table.size()));
+    CHECK_CUDA(cudaMallocHost(&pinned_table, sizeof(GpuTensorEntry) * table.size()));
+    std::memcpy(pinned_table, table.data(), sizeof(GpuTensorEntry) * table.size());
+  }
+  ~DeviceList() {
+    for (void* b : buffers) cudaFree(b);
+    cudaFree(device_table);
+    cudaFreeHost(pinned_table);
+  }
+  bool Run(const float* scale, bool* flag) {
+    const int error = tf_amp::LaunchUnscaleAndCheckFinite(pinned_table, device_table,
+                                                          int(table.size()), chunks, scale, flag,
+                                                          nullptr);
+    if (error != 0) { std::fprintf(stderr, "launch failed: %d\n", error); std::exit(2); }
+    bool host_flag = false;
+    CHECK_CUDA(cudaMemcpy(&host_flag, flag, 1, cudaMemcpyDeviceToHost));
+    return host_flag;
+  }
+};
+
+int CheckCorrectness(const std::vector<int64_t>& sizes, GpuDtype dtype, const char* name,
+                     float* scale, bool* flag) {
+  const float host_scale = 1536.0f;  // not a power of two: rounding must match exactly
+  CHECK_CUDA(cudaMemcpy(scale, &host_scale, 4, cudaMemcpyHostToDevice));
+  DeviceList list(sizes, dtype);
+  std::mt19937_64 rng(42);
+  std::normal_distribution<double> normal(0.0, 100.0);
+  const size_t width = ElementBytes(dtype);
+  std::vector<std::vector<uint64_t>> inputs(sizes.size());
+  for (size_t t = 0; t < sizes.size(); ++t) {
+    std::vector<unsigned char> raw(sizes[t] * width);
+    inputs[t].resize(sizes[t]);
+    for (int64_t i = 0; i < sizes[t]; ++i) {
+      inputs[t][i] = FromDouble(dtype, normal(rng));
+      std::memcpy(&raw[i * width], &inputs[t][i], width);
+    }
+    CHECK_CUDA(cudaMemcpy(list.buffers[t], raw.data(), raw.size(), cudaMemcpyHostToDevice));
+  }
+  int failures = 0;
+  if (!list.Run(scale, flag)) { std::printf("  %s: finite data flagged non-finite\n", name); ++failures; }
+  for (size_t t = 0; t < sizes.size(); ++t) {
+    std::vector<unsigned char> raw(sizes[t] * width);
+    CHECK_CUDA(cudaMemcpy(raw.data(), list.buffers[t], raw.size(), cudaMemcpyDeviceToHost));
+    for (int64_t i = 0; i < sizes[t]; ++i) {
+      uint64_t got = 0;
+      std::memcpy(&got, &raw[i * width], width);
+      if (got != Reference(dtype, inputs[t][i], host_scale)) {
+        if (failures++ < 5) std::printf("  %s: tensor %zu element %lld differs\n", name, t, (long long)i);
+      }
+    }
+  }
+  const double specials[] = {INFINITY, -INFINITY, NAN};
+  const size_t targets[] = {0, sizes.size() - 1};
+  for (double special : specials) {
+    for (size_t t : targets) {
+      for (int64_t i : {int64_t(0), sizes[t] / 2, sizes[t] - 1}) {
+        const uint64_t bits = FromDouble(dtype, special);
+        char* address = static_cast<char*>(list.buffers[t]) + i * width;
+        uint64_t saved = 0;
+        CHECK_CUDA(cudaMemcpy(&saved, address, width, cudaMemcpyDeviceToHost));
+        CHECK_CUDA(cudaMemcpy(address, &bits, width, cudaMemcpyHostToDevice));
+        if (list.Run(scale, flag)) {
+          std::printf("  %s: %f at tensor %zu element %lld not detected\n", name, special, t, (long long)i);
+          ++failures;
+        }
+        CHECK_CUDA(cudaMemcpy(address, &saved, width, cudaMemcpyHostToDevice));
+      }
+    }
+  }
+  std::printf("correctness %-9s %s (%zu tensors)\n", name, failures ? "FAILED" : "ok", sizes.size());
+  return failures;
+}
+
+void Time(const std::vector<int64_t>& sizes, GpuDtype dtype, const char* model, const char* name,
+          float* scale, bool* flag) {
+  const float one = 1.0f;
+  CHECK_CUDA(cudaMemcpy(scale, &one, 4, cudaMemcpyHostToDevice));
+  DeviceList list(sizes, dtype);
+  for (size_t t = 0; t < sizes.size(); ++t) {
+    CHECK_CUDA(cudaMemset(list.buffers[t], 0, sizes[t] * ElementBytes(dtype)));
+  }
+  void* copy_destination = nullptr;
+  void* copy_source = nullptr;
+  CHECK_CUDA(cudaMalloc(&copy_destination, list.bytes));
+  CHECK_CUDA(cudaMalloc(&copy_source, list.bytes));
+  cudaEvent_t start, stop;
+  CHECK_CUDA(cudaEventCreate(&start));
+  CHECK_CUDA(cudaEventCreate(&stop));
+  const int iterations = 50;
+  auto time_ms = [&](auto&& body) {
+    body();
+    CHECK_CUDA(cudaDeviceSynchronize());
+    CHECK_CUDA(cudaEventRecord(start));
+    for (int i = 0; i < iterations; ++i) body();
+    CHECK_CUDA(cudaEventRecord(stop));
+    CHECK_CUDA(cudaEventSynchronize(stop));
+    float ms = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
+    return ms / iterations;
+  };
+  const float kernel_ms = time_ms([&] {
+    tf_amp::LaunchUnscaleAndCheckFinite(list.pinned_table, list.device_table, int(list.table.size()),
+                                        list.chunks, scale, flag, nullptr);
+  });
+  const float copy_ms = time_ms([&] {
+    CHECK_CUDA(cudaMemcpyAsync(copy_destination, copy_source, list.bytes, cudaMemcpyDeviceToDevice));
+  });
+  const double gb = 2.0 * list.bytes / 1e9;  // read + write
+  std::printf("timing %-9s %-8s %4zu tensors %8.1f MB: kernel %.3f ms (%.0f GB/s), "
+              "d2d copy %.3f ms (%.0f GB/s), kernel/copy %.2fx\n",
+              model, name, sizes.size(), list.bytes / 1e6, kernel_ms, gb / kernel_ms * 1e3,
+              copy_ms, gb / copy_ms * 1e3, kernel_ms / copy_ms);
+  cudaFree(copy_destination);
+  cudaFree(copy_source);
+}
+
+int main(int argc, char** argv) {
+  std::vector<std::string> models;
+  for (int i = 1; i < argc; ++i) models.push_back(argv[i]);
+  if (models.empty()) models = {"resnet50", "bert-base"};
+  cudaDeviceProp properties;
+  CHECK_CUDA(cudaGetDeviceProperties(&properties, 0));
+  std::printf("device: %s\n", properties.name);
+  float* scale = nullptr;
+  bool* flag = nullptr;
+  CHECK_CUDA(cudaMalloc(&scale, sizeof(float)));
+  CHECK_CUDA(cudaMalloc(&flag, sizeof(bool)));
+  const std::pair<GpuDtype, const char*> dtypes[] = {{GpuDtype::kFloat, "float32"},
+                                                     {GpuDtype::kHalf, "float16"},
+                                                     {GpuDtype::kBfloat16, "bfloat16"},
+                                                     {GpuDtype::kDouble, "float64"}};
+  int failures = 0;
+  const std::vector<int64_t> small = {1, 7, 4096, 65536 + 3, 0, 1000003, 33};
+  for (auto [dtype, name] : dtypes) failures += CheckCorrectness(small, dtype, name, scale, flag);
+  for (const std::string& model : models) {
+    const std::vector<int64_t> sizes = ShapesFor(model);
+    for (auto [dtype, name] : dtypes) {
+      if (dtype == GpuDtype::kFloat || dtype == GpuDtype::kHalf) {
+        Time(sizes, dtype, model.c_str(), name, scale, flag);
+      }
+    }
+  }
+  return failures == 0 ? 0 : 1;
+}
