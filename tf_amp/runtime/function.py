@@ -169,7 +169,11 @@ class Function:
         self._tf_function_kwargs = dict(tf_function_kwargs)
         # TensorFlow's own implementation, not the public name: the environment activation may
         # have pointed ``tf.function`` at us.
-        self._traced = pf_lib.function(python_function, **tf_function_kwargs)
+        # Traced under jit_compile too, so code that must not emit XLA-incompatible ops (print,
+        # custom kernels) sees the XLA context while tracing.
+        self._traced = pf_lib.function(
+            python_function, jit_compile=jit_compile, **tf_function_kwargs
+        )
         self._cache: dict[int, tuple[Any, Any]] = {}
         self.reports: list[Any] = []  # one RewriteReport per rewritten trace
         self._lock = threading.Lock()
@@ -203,6 +207,10 @@ class Function:
             rebuilt = rebuild_concrete_function(original, self._rewrite_fn(), self._jit_compile)
             self._cache[key] = (original, rebuilt)
             return rebuilt
+
+    def concrete_functions(self) -> list[Any]:
+        """The rewritten concrete functions built so far (one per traced input signature)."""
+        return [rebuilt for _, rebuilt in self._cache.values()]
 
     def get_original_concrete_function(self, *args: Any, **kwargs: Any) -> Any:
         """The float32 concrete function ``tf.function`` traced (useful to compare)."""
