@@ -60,7 +60,10 @@ def load_data(seed: int) -> tuple[Any, Any, Any, Any]:
     digits = load_digits()
     images = (digits.images / 16.0).astype(np.float32)[..., None]
     return train_test_split(
-        images, digits.target.astype(np.int32), test_size=0.2, random_state=seed,
+        images,
+        digits.target.astype(np.int32),
+        test_size=0.2,
+        random_state=seed,
         stratify=digits.target,
     )
 
@@ -133,8 +136,13 @@ def train(mixed: bool, seed: int, data: tuple[Any, Any, Any, Any], logdir: str) 
         callbacks.append(ProgressBar(f"[seed {seed}] {name}", FLAGS.epochs))
     start = time.perf_counter()
     model.fit(
-        x_train, y_train, batch_size=FLAGS.batch_size, epochs=FLAGS.epochs, verbose=0,
-        shuffle=True, callbacks=callbacks,
+        x_train,
+        y_train,
+        batch_size=FLAGS.batch_size,
+        epochs=FLAGS.epochs,
+        verbose=0,
+        shuffle=True,
+        callbacks=callbacks,
     )
     seconds = time.perf_counter() - start
     _, accuracy = model.evaluate(x_test, y_test, batch_size=256, verbose=0)
@@ -162,11 +170,14 @@ def count_half_ops(step: Any) -> int:
     total = 0
     for concrete in step.concrete_functions():
         for node in concrete.graph.as_graph_def().node:
-            if any(
-                attr.type == types_pb2.DT_HALF
-                for key, attr in node.attr.items()
-                if key in ("T", "DstT")
-            ) and node.op != "Cast":
+            if (
+                any(
+                    attr.type == types_pb2.DT_HALF
+                    for key, attr in node.attr.items()
+                    if key in ("T", "DstT")
+                )
+                and node.op != "Cast"
+            ):
                 total += 1
     return total
 
@@ -185,7 +196,7 @@ def report(fp32: RunResult, amp: RunResult, logdir: str, seed: int) -> None:
     print(f"rewrite: {amp.summary}")
     print(f"float16 ops in the executed train step: {amp.half_ops}")
     print(f"loss scale: {amp.loss_scale:g}   skipped steps: {amp.skipped_steps}")
-    print(f"rewritten graphs (before/after, TensorBoard-loadable): {logdir}/seed{seed}/mixed/graphs")
+    print(f"rewritten graphs (before/after): {logdir}/seed{seed}/mixed/graphs")
     if tensorboard_available():
         print(f"TensorBoard logs: tensorboard --logdir {logdir}")
     else:
