@@ -158,7 +158,8 @@ def _kernel_constraints(op: str, dev: str) -> list[list[tuple[str, frozenset[int
             kernel_list = None
         if kernel_list is not None:
             for kdef in kernel_list.kernel:
-                if kdef.device_type != dev or kdef.label:
+                # DEFAULT kernels serve every device type (TensorFlow falls back to them).
+                if kdef.device_type not in (dev, "DEFAULT") or kdef.label:
                     continue
                 table.append(
                     [(c.name, frozenset(c.allowed_values.list.type)) for c in kdef.constraint]
