@@ -39,11 +39,12 @@ def _train_step_graph(
             logits = model(x, training=True)
             loss = loss_fn(y, logits)
         grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
         return loss
 
     y = y_fn()
-    concrete = step.get_concrete_function(tf.TensorSpec(x_shape, tf.float32), tf.TensorSpec.from_tensor(y))
+    spec_x = tf.TensorSpec(x_shape, tf.float32)
+    concrete = step.get_concrete_function(spec_x, tf.TensorSpec.from_tensor(y))
     graph_def = concrete.graph.as_graph_def()
     fetches = [t.op.name for t in concrete.outputs]
     return ModelGraph(name, graph_def, fetches)
