@@ -30,6 +30,7 @@ from typing import Any
 
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
+from tensorflow.python.eager import context
 from tensorflow.python.eager.polymorphic_function import concrete_function as cf_lib
 from tensorflow.python.eager.polymorphic_function import polymorphic_function as pf_lib
 from tensorflow.python.framework import func_graph as func_graph_lib
@@ -67,6 +68,12 @@ def rebuild_concrete_function(
     placeholder_names = [t.op.name for t in graph.inputs]
     graph_def = _graphdef.strip_nodes(graph_def, placeholder_names)
     graph_def = _graphdef.rename_library_functions(graph_def)
+
+    # The runtime resolves calls to library functions by name in the eager context; functions
+    # imported into a FuncGraph through a GraphDef are not registered there by themselves.
+    ctx = context.context()
+    for fdef in graph_def.library.function:
+        ctx.add_function_def(fdef)
 
     new_graph = func_graph_lib.FuncGraph(f"tf_amp_{graph.name}")
     with new_graph.as_default():

@@ -1,0 +1,202 @@
+"""tf_amp.function end to end: custom training loops run the float16 graph on the real variables.
+
+Evidence that half precision really ran: (1) the graph the rewritten concrete function executes
+holds float16 Conv2D / MatMul kernels, (2) its numbers differ from the float32 function by
+float16 rounding (a few 1e-4 relative), not by zero and not by more.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_amp
+from tests.e2e_helpers import HEAVY_OPS, half_ops_of_functions
+from tf_amp.config import RewriteConfig
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+def _cnn(seed: int = 0) -> keras.Model:
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential(
+        [
+            keras.Input((8, 8, 1)),
+            keras.layers.Conv2D(8, 3, activation="relu"),
+            keras.layers.Flatten(),
+            keras.layers.Dense(10),
+        ]
+    )
+
+
+def _data(n: int = 64) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    x = rng.random((n, 8, 8, 1), dtype=np.float32)
+    y = (x.reshape(n, -1)[:, :10].argmax(axis=1)).astype(np.int32)
+    return x, y
+
+
+def test_custom_loop_trains_in_half_on_the_original_variables() -> None:
+    model = _cnn()
+    opt = tf_amp.enable_mixed_precision_graph_rewrite(keras.optimizers.SGD(0.1))
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    @tf_amp.function
+    def train_step(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+            scaled = opt.scale_loss(loss)
+        opt.apply(tape.gradient(scaled, model.trainable_variables), model.trainable_variables)
+        return loss
+
+    x, y = _data()
+    before = [v.numpy().copy() for v in model.trainable_variables]
+    losses = [float(train_step(x, y)) for _ in range(40)]
+
+    assert half_ops_of_functions(train_step.concrete_functions()) >= HEAVY_OPS
+    assert losses[-1] < 0.8 * losses[0]
+    assert int(opt.iterations) == 40
+    assert all(
+        not np.allclose(b, v.numpy())
+        for b, v in zip(before, model.trainable_variables, strict=True)
+    )
+    assert len(train_step.concrete_functions()) == 1  # cached per input signature
+    assert train_step.reports and train_step.reports[0].type_attrs_converted > 0
+
+
+def test_forward_differs_from_float32_by_half_rounding_only() -> None:
+    model = _cnn()
+    x, _ = _data()
+    amp_out = tf_amp.function(lambda t: model(t))(x).numpy()
+    fp32_out = tf.function(lambda t: model(t))(x).numpy()
+    error = np.abs(amp_out - fp32_out).max() / np.abs(fp32_out).max()
+    assert amp_out.dtype == np.float32  # outputs keep their dtype
+    assert 1e-6 < error < 5e-3
+
+
+def test_new_input_signature_gets_its_own_rewrite() -> None:
+    model = _cnn()
+    forward = tf_amp.function(lambda t: model(t))
+    forward(np.zeros((4, 8, 8, 1), np.float32))
+    forward(np.zeros((4, 8, 8, 1), np.float32))
+    assert len(forward.concrete_functions()) == 1
+    forward(np.zeros((5, 8, 8, 1), np.float32))
+    assert len(forward.concrete_functions()) == 2
+
+
+def test_jit_compile_runs_the_half_graph_under_xla() -> None:
+    model = _cnn()
+    x, _ = _data(16)
+    forward = tf_amp.function(lambda t: model(t), jit_compile=True)
+    out = forward(x).numpy()
+    (concrete,) = forward.concrete_functions()
+    assert concrete.function_def.attr["_XlaMustCompile"].b
+    assert "Conv2D" in half_ops_of_functions([concrete])
+    np.testing.assert_allclose(out, model(x).numpy(), rtol=0, atol=5e-2)
+
+
+def test_nested_functions_are_inlined_or_rewritten_in_the_library() -> None:
+    w = tf.Variable(tf.random.stateless_normal((16, 16), seed=(1, 2)))
+
+    @tf.function
+    def inner(t: tf.Tensor) -> tf.Tensor:
+        return tf.matmul(t, w)
+
+    @tf.function(jit_compile=True)
+    def compiled(t: tf.Tensor) -> tf.Tensor:  # jit_compile callees stay library functions
+        return tf.matmul(t, w)
+
+    @tf_amp.function
+    def outer(t: tf.Tensor) -> tf.Tensor:
+        return inner(t) + compiled(t)
+
+    x = tf.random.stateless_normal((4, 16), seed=(3, 4))
+    # Twice the same program: the second rebuild must not clash with the first's functions.
+    again = tf_amp.function(outer.python_function)
+    for fn in (outer, again):
+        out = fn(x)
+        np.testing.assert_allclose(out.numpy(), 2 * (x @ w).numpy(), rtol=2e-2, atol=2e-2)
+    assert "MatMul" in half_ops_of_functions(outer.concrete_functions())
+
+
+def test_model_without_convertible_ops_runs_unchanged_with_one_log_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    v = tf.Variable([1.0, 2.0, 3.0])
+    fn = tf_amp.function(lambda t: tf.reduce_sum(t * v) + 1.0)
+    with caplog.at_level(logging.INFO, logger="tf_amp"):
+        out = fn(tf.constant([1.0, 1.0, 1.0]))
+    assert float(out) == 7.0
+    lines = [r.getMessage() for r in caplog.records if r.name == "tf_amp"]
+    assert len(lines) == 1 and "nothing to do" in lines[0]
+    assert not half_ops_of_functions(fn.concrete_functions())
+
+
+def test_excluded_name_scope_stays_float32() -> None:
+    w = tf.Variable(tf.ones((8, 8)))
+
+    def two_matmuls(t: tf.Tensor) -> tf.Tensor:
+        a = tf.matmul(t, w, name="converted")
+        with tf.name_scope("keep_fp32"):
+            b = tf.matmul(t, w, name="kept")
+        return a + b
+
+    fn = tf_amp.function(two_matmuls, config=RewriteConfig(exclude_scopes=("keep_fp32",)))
+    fn(tf.ones((2, 8)))
+    (concrete,) = fn.concrete_functions()
+    matmuls = {
+        n.name.startswith("keep_fp32/"): n.attr["T"].type
+        for n in concrete.graph.as_graph_def().node
+        if n.op == "MatMul"
+    }
+    assert matmuls == {False: tf.float16.as_datatype_enum, True: tf.float32.as_datatype_enum}
+
+
+def test_decorates_methods_with_one_cache_per_object() -> None:
+    class Dense(tf.Module):
+        def __init__(self) -> None:
+            self.w = tf.Variable(tf.ones((4, 4)))
+
+        @tf_amp.function
+        def __call__(self, t: tf.Tensor) -> tf.Tensor:
+            return tf.matmul(t, self.w)
+
+    a, b = Dense(), Dense()
+    b.w.assign(2 * tf.ones((4, 4)))
+    assert float(tf.reduce_sum(a(tf.ones((1, 4))))) == 16.0
+    assert float(tf.reduce_sum(b(tf.ones((1, 4))))) == 32.0
+    assert "MatMul" in half_ops_of_functions(a.__call__.concrete_functions())
+
+
+def test_checkpoints_are_interchangeable_with_float32(tmp_path) -> None:
+    x, y = _data()
+    amp_model, fp32_model = _cnn(0), _cnn(1)
+    opt = tf_amp.enable_mixed_precision_graph_rewrite(keras.optimizers.SGD(0.1))
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    @tf_amp.function
+    def train_step(xb: tf.Tensor, yb: tf.Tensor) -> tf.Tensor:
+        with tf.GradientTape() as tape:
+            loss = loss_fn(yb, amp_model(xb, training=True))
+            scaled = opt.scale_loss(loss)
+        grads = tape.gradient(scaled, amp_model.trainable_variables)
+        opt.apply(grads, amp_model.trainable_variables)
+        return loss
+
+    for _ in range(5):
+        train_step(x, y)
+    path = tf.train.Checkpoint(model=amp_model).write(str(tmp_path / "amp"))
+    tf.train.Checkpoint(model=fp32_model).read(path).assert_existing_objects_matched()
+    np.testing.assert_array_equal(amp_model(x).numpy(), fp32_model(x).numpy())
+
+    # Reverse: float32 weights restored into the model the rewritten function trains.
+    fp32_model.layers[-1].kernel.assign(tf.zeros_like(fp32_model.layers[-1].kernel))
+    path = tf.train.Checkpoint(model=fp32_model).write(str(tmp_path / "fp32"))
+    tf.train.Checkpoint(model=amp_model).read(path).assert_existing_objects_matched()
+    assert not np.any(amp_model.layers[-1].kernel.numpy())
+    train_step(x, y)  # the cached rewritten step still trains the restored variables
+    assert np.any(amp_model.layers[-1].kernel.numpy())
