@@ -15,7 +15,10 @@ a pure memory read, and an in-place scale (read + write: the least any unscale c
 How: in a train step the gradients are fresh temporaries that nothing else holds, so TF may
 write results into their buffers. Each method therefore runs n times in a while loop whose
 carried gradients are the previous pass's outputs; the slope between two values of n is the
-"in step" time. Timing on caller-held tensors, where every method must allocate its outputs
+"in step" time. It includes the loop's own per-tensor cost (Enter/Merge/Switch/NextIteration
+for each carried tensor, the same for every method; a pass-through method cannot measure it,
+as Grappler hoists unchanged loop variables), so it overstates our distance to the C floor.
+Timing on caller-held tensors, where every method must allocate its outputs
 (page faults included), is printed too ("held" column). GB/s counts one read and one write of
 the list per pass, the least an unscale can move.
 
@@ -175,7 +178,8 @@ def bench_list(name: str, shapes, dtype: tf.DType, lib: ctypes.CDLL, repeats: in
                "megabytes": total_bytes / 1e6}
     for label, method in METHODS.items():
         on_held = tf.function(lambda method=method: method(held, scale.read_value()))
-        results[label] = (per_pass_seconds(method, make_grads, scale, repeats),
+        in_step = per_pass_seconds(method, make_grads, scale, repeats)
+        results[label] = (in_step,
                           median_seconds(lambda f=on_held: tf.nest.flatten(f())[-1].numpy(),
                                          repeats))
     results["c_read"], results["c_scale"] = c_reference_seconds(lib, total_bytes, repeats)
