@@ -1,0 +1,154 @@
+"""Keras 3 fit / evaluate / predict run the rewritten float16 step; user code unchanged.
+
+The model is compiled with an optimizer from ``enable_mixed_precision_graph_rewrite``; the
+compile hook (``keras_fit.install_compile_hook``, which the env activation installs too) then
+replaces the instance's ``make_*_function``. Evaluate and predict are rewritten as well (a
+documented decision), with outputs kept float32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_amp
+from tests.e2e_helpers import HEAVY_OPS, half_ops_of_functions
+from tf_amp.runtime import keras_fit
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+@pytest.fixture
+def compile_hook() -> Iterator[None]:
+    keras_fit.install_compile_hook()
+    yield
+    keras_fit.uninstall_compile_hook()
+
+
+def _model(seed: int = 0) -> keras.Model:
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential(
+        [
+            keras.Input((8, 8, 1)),
+            keras.layers.Conv2D(8, 3, activation="relu"),
+            keras.layers.BatchNormalization(),
+            keras.layers.Flatten(),
+            keras.layers.Dense(10),
+        ]
+    )
+
+
+def _data(n: int = 96) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(1)
+    x = rng.random((n, 8, 8, 1), dtype=np.float32)
+    y = x.reshape(n, -1)[:, :10].argmax(axis=1).astype(np.int32)
+    return x, y
+
+
+def _compile(model: keras.Model, optimizer: keras.optimizers.Optimizer, **kwargs) -> None:
+    model.compile(
+        optimizer=optimizer,
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+        **kwargs,
+    )
+
+
+def test_fit_runs_the_half_step_with_steps_per_execution(compile_hook: None) -> None:
+    model = _model()
+    opt = tf_amp.enable_mixed_precision_graph_rewrite(keras.optimizers.Adam(1e-2))
+    _compile(model, opt, steps_per_execution=4, jit_compile=False)
+    assert keras_fit.is_installed(model)
+    x, y = _data()
+    moving_mean = model.layers[1].moving_mean.numpy().copy()
+
+    history = model.fit(x, y, batch_size=16, epochs=4, verbose=0)
+
+    steps = keras_fit.rewritten_functions(model)["train"]
+    assert half_ops_of_functions(steps.concrete_functions()) >= HEAVY_OPS
+    losses = history.history["loss"]
+    assert losses[-1] < 0.7 * losses[0]
+    assert int(opt.iterations) == 4 * 6  # every batch ran once, 4 per call
+    assert not np.allclose(moving_mean, model.layers[1].moving_mean.numpy())  # BN stats
+    assert float(opt.loss_scale) >= 1.0 and int(opt.skipped_steps) >= 0
+
+
+def test_evaluate_and_predict_are_rewritten_and_keep_float32_outputs(compile_hook: None) -> None:
+    model = _model()
+    _compile(model, tf_amp.enable_mixed_precision_graph_rewrite(keras.optimizers.SGD(0.1)))
+    x, y = _data()
+    model.fit(x, y, batch_size=32, epochs=1, verbose=0)
+    loss, accuracy = model.evaluate(x, y, batch_size=32, verbose=0)
+    predictions = model.predict(x, batch_size=32, verbose=0)
+
+    functions = keras_fit.rewritten_functions(model)
+    assert {"Conv2D", "MatMul"} <= half_ops_of_functions(functions["test"].concrete_functions())
+    assert {"Conv2D", "MatMul"} <= half_ops_of_functions(functions["predict"].concrete_functions())
+    assert predictions.dtype == np.float32 and predictions.shape == (96, 10)
+    reference = model(x, training=False).numpy()  # float32 eager forward, same weights
+    error = np.abs(predictions - reference).max() / np.abs(reference).max()
+    assert 1e-6 < error < 1e-2  # float16 rounding: present, and small
+    assert np.isfinite(loss) and 0.0 <= accuracy <= 1.0
+
+
+def test_jit_compile_is_honoured() -> None:
+    model = _model()
+    _compile(model, keras.optimizers.SGD(0.1), jit_compile=True)
+    keras_fit.install(model)
+    x, y = _data()
+    history = model.fit(x, y, batch_size=32, epochs=3, verbose=0)
+    (concrete,) = keras_fit.rewritten_functions(model)["train"].concrete_functions()
+    assert concrete.function_def.attr["_XlaMustCompile"].b
+    assert "Conv2D" in half_ops_of_functions([concrete])
+    assert history.history["loss"][-1] < history.history["loss"][0]
+
+
+def test_plain_optimizer_leaves_the_model_alone(compile_hook: None) -> None:
+    mixed, plain = _model(), _model()
+    _compile(mixed, tf_amp.enable_mixed_precision_graph_rewrite(keras.optimizers.SGD(0.1)))
+    _compile(plain, keras.optimizers.SGD(0.1))
+    assert keras_fit.is_installed(mixed) and not keras_fit.is_installed(plain)
+    # Recompiling with a plain optimizer returns the model to Keras's own float32 step.
+    _compile(mixed, keras.optimizers.SGD(0.1))
+    assert not keras_fit.is_installed(mixed)
+    assert "make_train_function" not in vars(mixed)
+    x, y = _data()
+    plain.fit(x, y, epochs=1, verbose=0)
+    assert keras_fit.rewritten_functions(plain) == {}
+
+
+def test_compile_hook_is_reversible() -> None:
+    original = keras.Model.compile
+    keras_fit.install_compile_hook()
+    assert keras.Model.compile is not original
+    keras_fit.uninstall_compile_hook()
+    assert keras.Model.compile is original
+
+
+def test_weights_trained_in_mixed_precision_load_into_float32_and_back(
+    compile_hook: None, tmp_path
+) -> None:
+    x, y = _data()
+    mixed = _model(0)
+    _compile(mixed, tf_amp.enable_mixed_precision_graph_rewrite(keras.optimizers.Adam(1e-2)))
+    mixed.fit(x, y, batch_size=32, epochs=2, verbose=0)
+    mixed.save_weights(tmp_path / "mixed.weights.h5")
+
+    fp32 = _model(1)
+    _compile(fp32, keras.optimizers.Adam(1e-2))
+    fp32.load_weights(tmp_path / "mixed.weights.h5")
+    np.testing.assert_array_equal(fp32.predict(x, verbose=0), mixed(x, training=False).numpy())
+    assert all(w.dtype == "float32" for w in fp32.weights)
+
+    fp32.fit(x, y, batch_size=32, epochs=1, verbose=0)
+    fp32.save_weights(tmp_path / "fp32.weights.h5")
+    mixed.load_weights(tmp_path / "fp32.weights.h5")
+    np.testing.assert_array_equal(mixed(x, training=False).numpy(), fp32(x, training=False).numpy())
+    before = mixed.layers[-1].kernel.numpy().copy()
+    mixed.fit(x, y, batch_size=32, epochs=1, verbose=0)  # keeps training in mixed precision
+    assert not np.allclose(before, mixed.layers[-1].kernel.numpy())
+    assert tf.reduce_all(tf.math.is_finite(mixed.layers[-1].kernel))
