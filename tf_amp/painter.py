@@ -181,6 +181,7 @@ class Painting:
     f16: bytearray  # per vertex: 0 unknown, 1 supports half, 2 does not
     pass_counts: dict[str, int] = field(default_factory=dict)
     nothing_to_do: bool = False
+    supports_half: Callable[[int], bool] | None = None  # for the report, evaluated lazily
 
     def allow_count(self) -> int:
         return self.colour.count(ALLOW_C)
@@ -643,4 +644,5 @@ class Painter:
             f16=self.f16,
             pass_counts=self.counts,
             nothing_to_do=nothing,
+            supports_half=self.supports_half,
         )

@@ -251,7 +251,12 @@ class RewriteReport:
             return "excluded by exclude_scopes or the _tf_amp_exclude attr: kept float32"
         if block == "device":
             return "not placed on a GPU (eligible_devices='gpu'): not processed"
-        if painting.f16[v] == 2:
+        no_half = painting.f16[v] == 2 or (
+            painting.f16[v] == 0
+            and painting.supports_half is not None
+            and not painting.supports_half(v)
+        )
+        if no_half:
             dev = device_type(view.devices[n], self.default_device_type)
             where = f" on {dev}" if self.check_kernels else ""
             return f"no {t} kernel registered for {op}{where}: kept float32"

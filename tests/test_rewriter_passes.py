@@ -1,0 +1,349 @@
+"""Specification tests for the painter passes: tiny graphs, drawn, with expected colours.
+
+Legend: H = becomes float16, F = stays float32. Every graph is built with real TensorFlow ops
+in a tf.Graph, rewritten, and (where it can run) executed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.core.framework import graph_pb2, types_pb2
+
+from tf_amp.config import RewriteConfig
+from tf_amp.lists import OpLists
+from tf_amp.rewriter import rewrite_graph_def
+
+HALF = types_pb2.DT_HALF
+FLOAT = types_pb2.DT_FLOAT
+v1 = tf.compat.v1
+
+
+def build(fn: Callable[[], object]) -> graph_pb2.GraphDef:
+    graph = tf.Graph()
+    with graph.as_default():
+        fn()
+    return graph.as_graph_def()
+
+
+def dtype_of(gd: graph_pb2.GraphDef, name: str, attr: str = "T") -> int:
+    node = next(n for n in gd.node if n.name == name)
+    return node.attr[attr].type
+
+
+def new_casts(before: graph_pb2.GraphDef, after: graph_pb2.GraphDef) -> list[str]:
+    old = {n.name for n in before.node}
+    return sorted(n.name for n in after.node if n.op == "Cast" and n.name not in old)
+
+
+def run(gd: graph_pb2.GraphDef, fetch: str, feeds: dict[str, np.ndarray]) -> np.ndarray:
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.graph_util.import_graph_def(gd, name="")
+    with v1.Session(graph=graph) as sess:
+        return sess.run(fetch + ":0", {k + ":0": v for k, v in feeds.items()})
+
+
+def mlp() -> None:
+    # x ─ MatMul ─ Relu ─ AddV2(+b) ─ Exp ─ Sum
+    # w ┘ allow     clear  infer       deny  deny
+    #     H         H      F           F     F
+    x = v1.placeholder(tf.float32, [4, 8], name="x")
+    w = tf.constant(np.linspace(-1, 1, 64, dtype=np.float32).reshape(8, 8), name="w")
+    h = tf.nn.relu(tf.matmul(x, w, name="mm"), name="relu")
+    a = tf.add(h, 1.0, name="add")
+    tf.reduce_sum(tf.exp(a, name="exp"), name="sum")
+
+
+def test_allow_clear_infer_deny_colours_and_casts() -> None:
+    gd = build(mlp)
+    result = rewrite_graph_def(gd)
+    out = result.graph_def
+    assert dtype_of(out, "mm") == HALF
+    assert dtype_of(out, "relu") == HALF
+    assert dtype_of(out, "add") == FLOAT
+    assert dtype_of(out, "exp") == FLOAT
+    # x and the Const w are cast to half; relu's output back to float: 3 casts, 1 counted
+    assert new_casts(gd, out) == ["relu-0-CastToFp32-tf_amp", "w-0-CastToFp16-tf_amp",
+                                  "x-0-CastToFp16-tf_amp"]
+    report = result.report
+    assert report.type_attrs_converted == 2
+    assert report.casts_to_half == 1  # x only: the Const w is not counted, as TF counts
+    assert report.casts_to_float == 1
+    assert report.summary_line() == (
+        f"Converted 2/{len(gd.node)} nodes to float16 precision using 1 cast(s) to float16 "
+        f"(excluding Const and Variable casts)"
+    )
+    assert report.decision_for("mm").pass_name == "add_allow_list_ops"
+    relu = report.decision_for("relu")
+    assert relu.pass_name == "propagate_allow_through_clear" and "mm" in relu.cause
+    assert "deny list" in report.decision_for("exp").reason
+    x = np.linspace(-1, 1, 32, dtype=np.float32).reshape(4, 8)
+    want = run(gd, "sum", {"x": x})
+    got = run(out, "sum", {"x": x})
+    np.testing.assert_allclose(got, want, rtol=1e-2)
+
+
+def test_infer_between_allow_ops_becomes_half() -> None:
+    # x ─ MatMul ─ AddV2 ─ Tanh ─ MatMul ─ Identity(fetch)
+    #     allow    infer   infer  allow
+    #     H        H       H      H        F (preserved)
+    def graph() -> None:
+        x = v1.placeholder(tf.float32, [2, 4], name="x")
+        w = tf.ones([4, 4], name="w")
+        h = tf.tanh(tf.matmul(x, w, name="mm1") + 1.0, name="tanh")
+        tf.identity(tf.matmul(h, w, name="mm2"), name="out")
+
+    gd = build(graph)
+    result = rewrite_graph_def(gd, RewriteConfig(preserve_nodes={"out"}))
+    out = result.graph_def
+    for name in ("mm1", "add", "tanh", "mm2"):
+        assert dtype_of(out, name) == HALF, name
+    assert dtype_of(out, "out") == FLOAT
+    assert result.report.decision_for("tanh").pass_name == "add_clear_and_infer_between_allow"
+    # w is cast once and shared by both MatMuls
+    assert new_casts(gd, out) == ["add/y-0-CastToFp16-tf_amp", "mm2-0-CastToFp32-tf_amp",
+                                  "w-0-CastToFp16-tf_amp", "x-0-CastToFp16-tf_amp"]
+
+
+def test_deny_propagates_forward_through_infer_but_not_into_clear_feeding_allow() -> None:
+    # x ─ Exp ─ AddV2 ─ Sigmoid ─ MatMul          x2 ─ Exp ─ Relu ─ MatMul
+    #     deny  infer   infer     allow               deny  clear  allow
+    #     F     F(deny) F(deny)   H                   F     H      H
+    def graph() -> None:
+        x = v1.placeholder(tf.float32, [2, 2], name="x")
+        s = tf.sigmoid(tf.exp(x, name="exp") + 1.0, name="sig")
+        tf.matmul(s, s, name="mm")
+        x2 = v1.placeholder(tf.float32, [2, 2], name="x2")
+        r = tf.nn.relu(tf.exp(x2, name="exp2"), name="relu")
+        tf.matmul(r, r, name="mm2")
+
+    gd = build(graph)
+    result = rewrite_graph_def(gd)
+    out = result.graph_def
+    assert dtype_of(out, "add") == FLOAT and dtype_of(out, "sig") == FLOAT
+    assert result.report.decision_for("add").paint == "deny"
+    assert result.report.decision_for("sig").pass_name == "propagate_deny_forward"
+    assert dtype_of(out, "mm") == HALF
+    assert dtype_of(out, "relu") == HALF  # clear op feeding only an allow op: not tainted
+    assert dtype_of(out, "exp2") == FLOAT
+
+
+def test_no_allow_ops_means_nothing_to_do(caplog: pytest.LogCaptureFixture) -> None:
+    # x ─ Exp ─ Relu      (no allow op at all)
+    gd = build(lambda: tf.nn.relu(tf.exp(v1.placeholder(tf.float32, [2], name="x"))))
+    with caplog.at_level(logging.INFO, logger="tf_amp"):
+        result = rewrite_graph_def(gd)
+    assert result.graph_def.SerializeToString() == gd.SerializeToString()
+    assert result.report.nothing_to_do and result.report.type_attrs_converted == 0
+    assert any("nothing to do" in r.getMessage() for r in caplog.records)
+    assert not any("Converted" in r.getMessage() for r in caplog.records)
+
+
+def test_no_float_ops_at_all() -> None:
+    gd = build(lambda: tf.matmul(tf.ones([2, 2], tf.int32), tf.ones([2, 2], tf.int32)))
+    result = rewrite_graph_def(gd)
+    assert result.graph_def == gd
+    assert result.report.decisions == []
+
+
+def test_log_line_once_and_pass_counts_at_debug(caplog: pytest.LogCaptureFixture) -> None:
+    gd = build(mlp)
+    with caplog.at_level(logging.DEBUG, logger="tf_amp"):
+        rewrite_graph_def(gd)
+    info = [r for r in caplog.records if r.levelno == logging.INFO]
+    converted = [r for r in info if r.getMessage().startswith("Converted ")]
+    assert len(converted) == 1
+    debug = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG]
+    assert any("propagate_allow_through_clear" in m for m in debug)
+
+
+def test_existing_cast_to_float_feeding_only_half_is_retargeted() -> None:
+    # i(int32) ─ Cast(DstT) ─ MatMul      one Cast int->half, no extra Cast
+    #            F->H          H
+    def graph() -> None:
+        i = v1.placeholder(tf.int32, [2, 2], name="i")
+        c = tf.cast(i, tf.float32, name="cast")
+        tf.matmul(c, c, name="mm")
+
+    gd = build(graph)
+    out = rewrite_graph_def(gd).graph_def
+    assert dtype_of(out, "cast", "DstT") == HALF
+    assert dtype_of(out, "cast", "SrcT") == types_pb2.DT_INT32
+    assert new_casts(gd, out) == []
+    got = run(out, "mm", {"i": np.array([[1, 2], [3, 4]], np.int32)})
+    np.testing.assert_allclose(got, [[7, 10], [15, 22]])
+
+
+def test_fused_batch_norm_v3_t_half_u_stays_float() -> None:
+    # x ─ Conv2D ─ FusedBatchNormV3 ─ Relu ─ Conv2D
+    #     allow    T: infer (H), U: F (scale, offset, mean, var stay float32: no casts)
+    def graph() -> None:
+        x = v1.placeholder(tf.float32, [1, 4, 4, 2], name="x")
+        k = tf.ones([1, 1, 2, 2], name="k")
+        c = tf.nn.conv2d(x, k, 1, "SAME", name="conv")
+        y, _, _ = tf.compat.v1.nn.fused_batch_norm(
+            c, tf.ones([2]), tf.zeros([2]), tf.zeros([2]), tf.ones([2]), is_training=False,
+            name="bn",
+        )
+        tf.nn.conv2d(tf.nn.relu(y, name="relu"), k, 1, "SAME", name="conv2")
+
+    gd = build(graph)
+    result = rewrite_graph_def(gd)
+    out = result.graph_def
+    assert dtype_of(out, "bn", "T") == HALF
+    assert dtype_of(out, "bn", "U") == FLOAT
+    assert dtype_of(out, "relu") == HALF
+    casts = new_casts(gd, out)
+    assert not any(name.startswith("ones_") or "zeros" in name for name in casts), casts
+    assert result.report.decision_for("bn", "U").reason.startswith("no float16")
+
+
+def test_identity_n_elements_are_separate_vertices() -> None:
+    # x ─ MatMul ─┐                  element 0: H (clear, next to MatMul)
+    # y ─ Exp ────┴ IdentityN ─ ...  element 1: F
+    def graph() -> None:
+        x = v1.placeholder(tf.float32, [2, 2], name="x")
+        a = tf.matmul(x, x, name="mm")
+        b = tf.exp(x, name="exp")
+        tf.identity_n([a, b], name="idn")
+
+    gd = build(graph)
+    out = rewrite_graph_def(gd).graph_def
+    node = next(n for n in out.node if n.name == "idn")
+    assert list(node.attr["T"].list.type) == [HALF, FLOAT]
+
+
+def test_op_on_no_list_keeps_float_with_casts_at_its_edges() -> None:
+    # x ─ MatMul ─ Atan ─ MatMul      Atan is on no list: F, one cast each side
+    def graph() -> None:
+        x = v1.placeholder(tf.float32, [2, 2], name="x")
+        a = tf.atan(tf.matmul(x, x, name="mm1"), name="atan")
+        tf.matmul(a, a, name="mm2")
+
+    gd = build(graph)
+    result = rewrite_graph_def(gd)
+    out = result.graph_def
+    assert dtype_of(out, "atan") == FLOAT
+    assert new_casts(gd, out) == ["atan-0-CastToFp16-tf_amp", "mm1-0-CastToFp32-tf_amp",
+                                  "x-0-CastToFp16-tf_amp"]
+    assert "no list" in result.report.decision_for("atan").reason
+
+
+def test_unregistered_custom_op_is_kept_float_and_reported() -> None:
+    # x ─ MatMul ─ MyCustomOp ─ MatMul     custom op unknown to TF: F, casts around it
+    def graph() -> None:
+        x = v1.placeholder(tf.float32, [2, 2], name="x")
+        a = tf.nn.relu(tf.matmul(x, x, name="mm1"), name="custom")
+        tf.matmul(a, a, name="mm2")
+
+    gd = build(graph)
+    custom = next(n for n in gd.node if n.name == "custom")
+    custom.op = "MyCustomOp"
+    result = rewrite_graph_def(gd)
+    out = result.graph_def
+    assert next(n for n in out.node if n.name == "custom").attr["T"].type == FLOAT
+    assert ("", "custom", "MyCustomOp") in result.report.unknown_ops
+    casts = new_casts(gd, out)
+    assert "mm1-0-CastToFp32-tf_amp" in casts and "custom-0-CastToFp16-tf_amp" in casts
+
+
+def test_preserved_fetch_and_excluded_scopes_stay_float() -> None:
+    # x ─ MatMul (fetch: preserved)   x ─ block/MatMul (exclude_scopes)
+    # x ─ MatMul (_tf_amp_exclude)    x ─ MatMul (free: H)
+    def graph() -> None:
+        x = v1.placeholder(tf.float32, [2, 2], name="x")
+        tf.matmul(x, x, name="fetched")
+        with tf.name_scope("block"):
+            tf.matmul(x, x, name="mm")
+        tf.matmul(x, x, name="attr_excluded")
+        tf.matmul(x, x, name="free")
+
+    gd = build(graph)
+    node = next(n for n in gd.node if n.name == "attr_excluded")
+    node.attr["_tf_amp_exclude"].b = True
+    cfg = RewriteConfig(preserve_nodes={"fetched"}, exclude_scopes=("block",))
+    result = rewrite_graph_def(gd, cfg)
+    out = result.graph_def
+    assert dtype_of(out, "fetched") == FLOAT
+    assert dtype_of(out, "block/mm") == FLOAT
+    assert dtype_of(out, "attr_excluded") == FLOAT
+    assert dtype_of(out, "free") == HALF
+    assert "preserved" in result.report.decision_for("fetched").reason
+    assert "excluded" in result.report.decision_for("block/mm").reason
+
+
+def test_bfloat16_target() -> None:
+    gd = build(mlp)
+    result = rewrite_graph_def(gd, RewriteConfig(target_dtype="bfloat16"))
+    assert dtype_of(result.graph_def, "mm") == types_pb2.DT_BFLOAT16
+    assert "bfloat16 precision" in result.report.summary_line()
+    assert any("CastToBf16" in n for n in new_casts(gd, result.graph_def))
+
+
+@pytest.mark.parametrize(
+    ("level", "add", "exp"),
+    [("O1", FLOAT, FLOAT), ("O2", HALF, FLOAT), ("O3", HALF, HALF)],
+)
+def test_opt_levels(level: str, add: int, exp: int) -> None:
+    # O1: lists; O2: every half-capable op except deny; O3: everything with a half kernel
+    gd = build(mlp)
+    out = rewrite_graph_def(gd, RewriteConfig(opt_level=level)).graph_def
+    assert dtype_of(out, "mm") == HALF
+    assert dtype_of(out, "add") == add
+    assert dtype_of(out, "exp") == exp
+    assert dtype_of(out, "x", "dtype") == FLOAT  # feeds never change
+    assert dtype_of(out, "w", "dtype") == FLOAT  # nor constants
+
+
+def test_opt_level_o0_changes_nothing() -> None:
+    gd = build(mlp)
+    result = rewrite_graph_def(gd, RewriteConfig(opt_level="O0"))
+    assert result.graph_def == gd and result.report.type_attrs_converted == 0
+
+
+@pytest.mark.parametrize(
+    ("level", "relu", "add"),
+    [
+        ("TENSOR_CORES_ONLY", FLOAT, FLOAT),  # only allow-list ops: Relu not propagated
+        ("TREAT_INFER_AS_DENY", HALF, FLOAT),
+        ("UNSAFE_FORCE_ALL", HALF, HALF),
+    ],
+)
+def test_tf_levels(level: str, relu: int, add: int) -> None:
+    gd = build(mlp)
+    out = rewrite_graph_def(gd, RewriteConfig(level=level)).graph_def
+    assert dtype_of(out, "mm") == HALF
+    assert dtype_of(out, "relu") == relu
+    assert dtype_of(out, "add") == add
+
+
+def test_custom_lists_move_an_op() -> None:
+    gd = build(mlp)
+    lists = OpLists.default().with_edits([("allow", "ADD", "AddV2")])
+    out = rewrite_graph_def(gd, RewriteConfig(lists=lists)).graph_def
+    assert dtype_of(out, "add") == HALF
+
+
+def test_eligible_devices_gpu_only_touches_gpu_nodes() -> None:
+    def graph() -> None:
+        x = v1.placeholder(tf.float32, [2, 2], name="x")
+        with tf.device("/device:GPU:0"):
+            tf.matmul(x, x, name="on_gpu")
+        with tf.device("/device:CPU:0"):
+            tf.matmul(x, x, name="on_cpu")
+        tf.matmul(x, x, name="nowhere")
+
+    gd = build(graph)
+    cfg = RewriteConfig(eligible_devices="gpu", check_kernels=False)
+    out = rewrite_graph_def(gd, cfg).graph_def
+    assert dtype_of(out, "on_gpu") == HALF
+    assert dtype_of(out, "on_cpu") == FLOAT
+    assert dtype_of(out, "nowhere") == FLOAT
+    # with the kernel check on, this CPU-only TensorFlow has no GPU kernels: nothing changes
+    cfg = RewriteConfig(eligible_devices="gpu")
+    assert dtype_of(rewrite_graph_def(gd, cfg).graph_def, "on_gpu") == FLOAT
