@@ -1,0 +1,149 @@
+"""tf_amp.Session: a TF1 graph trains in float16 wherever a tf.compat.v1.Session would go.
+
+Evidence that float16 ran: the partition graphs in RunMetadata (what the session executed)
+hold float16 Conv2D / MatMul kernels. Fetches keep their dtypes; Saver checkpoints are
+interchangeable with a plain float32 Session.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_amp
+from tests.e2e_helpers import executed_half_ops
+
+tf1 = tf.compat.v1
+
+Net = collections.namedtuple("Net", "graph x y logits loss train_op global_step saver init")
+
+
+def _net(loss_scaled: bool = True) -> Net:
+    """conv -> relu -> dense, softmax cross-entropy, SGD (loss-scaled), Saver."""
+    graph = tf.Graph()
+    with graph.as_default():
+        tf1.set_random_seed(0)
+        x = tf1.placeholder(tf.float32, [None, 8, 8, 1], name="x")
+        y = tf1.placeholder(tf.int32, [None], name="y")
+        kernel = tf1.get_variable("conv/kernel", [3, 3, 1, 8])
+        hidden = tf.nn.relu(tf.nn.conv2d(x, kernel, 1, "SAME"))
+        dense = tf1.get_variable("dense/kernel", [8 * 8 * 8, 10])
+        logits = tf.matmul(tf.reshape(hidden, [-1, 8 * 8 * 8]), dense, name="logits")
+        loss = tf.reduce_mean(
+            tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits), name="loss"
+        )
+        step = tf1.train.get_or_create_global_step()
+        opt: tf1.train.Optimizer = tf1.train.GradientDescentOptimizer(0.5)
+        if loss_scaled:
+            opt = tf_amp.LossScaleOptimizer(opt)
+        train_op = opt.minimize(loss, global_step=step)
+        saver = tf1.train.Saver()
+        init = tf1.global_variables_initializer()
+    return Net(graph, x, y, logits, loss, train_op, step, saver, init)
+
+
+def _data(n: int = 64) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(2)
+    x = rng.random((n, 8, 8, 1), dtype=np.float32)
+    return x, x.reshape(n, -1)[:, :10].argmax(axis=1).astype(np.int32)
+
+
+def test_session_trains_in_half_and_fetches_keep_their_dtypes() -> None:
+    net = _net()
+    xs, ys = _data()
+    feed = {net.x: xs, net.y: ys}
+    with tf_amp.Session(graph=net.graph) as sess:
+        assert sess.graph is net.graph and isinstance(sess, tf1.Session)
+        sess.run(net.init)
+        first = sess.run(net.loss, feed)
+        options = tf1.RunOptions(output_partition_graphs=True)
+        metadata = tf1.RunMetadata()
+        sess.run(net.train_op, feed, options=options, run_metadata=metadata)
+        for _ in range(30):
+            sess.run(net.train_op, feed)
+        last, logits, step = sess.run([net.loss, net.logits, net.global_step], feed)
+        # Tensor.eval / Operation.run use the default session: ours.
+        assert net.loss.eval(feed) == pytest.approx(last, rel=1e-3)
+
+    # (no Conv2DBackpropInput: the first layer's input needs no gradient)
+    assert {"Conv2D", "Conv2DBackpropFilter", "MatMul"} <= executed_half_ops(metadata)
+    assert last < 0.8 * first
+    assert step == 31
+    assert logits.dtype == np.float32 and np.asarray(last).dtype == np.float32
+
+
+def test_nested_fetches_names_and_callables() -> None:
+    net = _net()
+    xs, ys = _data()
+    Pair = collections.namedtuple("Pair", "loss logits")
+    with tf_amp.Session(graph=net.graph) as sess:
+        sess.run(net.init)
+        out = sess.run(
+            {"pair": Pair(net.loss, "logits:0"), "list": [net.global_step, (net.loss,)]},
+            {"x:0": xs, net.y: ys},
+        )
+        assert isinstance(out["pair"], Pair) and out["pair"].logits.shape == (64, 10)
+        assert out["list"][0] == 0 and out["list"][1][0] == pytest.approx(out["pair"].loss)
+        run_step = sess.make_callable([net.train_op, net.loss], feed_list=[net.x, net.y])
+        losses = [run_step(xs, ys)[1] for _ in range(10)]
+        assert losses[-1] < losses[0]
+
+
+def test_ops_added_after_creation_are_rewritten_and_run() -> None:
+    net = _net()
+    xs, ys = _data()
+    with tf_amp.Session(graph=net.graph) as sess:
+        sess.run(net.init)
+        sess.run(net.train_op, {net.x: xs, net.y: ys})
+        with net.graph.as_default():
+            w = tf1.get_variable("late/kernel", [10, 4], initializer=tf1.ones_initializer())
+            late = tf.matmul(net.logits, w, name="late_matmul")
+            late_init = tf1.variables_initializer([w])
+        sess.run(late_init)
+        got = sess.run(late, {net.x: xs})
+        expected = sess.run(net.logits, {net.x: xs}) @ np.ones((10, 4), np.float32)
+        late_node = sess.rewritten_graph.get_operation_by_name("late_matmul")
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, expected, rtol=1e-2, atol=1e-2)
+    # name preserved: the original name is float32 (a Cast back if the MatMul went half)
+    assert late_node.outputs[0].dtype == tf.float32
+
+
+def test_saver_checkpoints_are_interchangeable_with_float32_sessions(tmp_path) -> None:
+    net = _net()
+    xs, ys = _data()
+    feed = {net.x: xs, net.y: ys}
+    with tf_amp.Session(graph=net.graph) as sess:
+        sess.run(net.init)
+        for _ in range(5):
+            sess.run(net.train_op, feed)
+        path = net.saver.save(sess, str(tmp_path / "amp"), global_step=net.global_step)
+        amp_logits = sess.run(net.logits, feed)
+
+    with tf1.Session(graph=net.graph) as plain:  # float32 session restores the AMP checkpoint
+        net.saver.restore(plain, path)
+        assert plain.run(net.global_step) == 5
+        fp32_logits = plain.run(net.logits, feed)
+        for _ in range(3):
+            plain.run(net.train_op, feed)
+        path = net.saver.save(plain, str(tmp_path / "fp32"), global_step=net.global_step)
+    np.testing.assert_allclose(amp_logits, fp32_logits, rtol=2e-2, atol=2e-2)
+
+    with tf_amp.Session(graph=net.graph) as sess:  # and the AMP session resumes float32's
+        net.saver.restore(sess, path)
+        assert sess.run(net.global_step) == 8
+        sess.run(net.train_op, feed)
+        assert sess.run(net.global_step) == 9
+
+
+def test_graph_without_convertible_ops_runs_unchanged() -> None:
+    graph = tf.Graph()
+    with graph.as_default():
+        a = tf1.placeholder(tf.float32, [3], name="a")
+        total = tf.reduce_sum(a * 2.0)
+    with tf_amp.Session(graph=graph) as sess:
+        assert sess.run(total, {a: [1.0, 2.0, 3.0]}) == 12.0
+        assert not sess.rewrite_reports[0].changed
