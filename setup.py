@@ -21,6 +21,7 @@ import tempfile
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
+from setuptools.command.build_py import build_py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CC_DIR = os.path.join("tf_amp", "cc")
@@ -30,6 +31,9 @@ CPU_SOURCES = [
 ]
 GPU_GLUE_SOURCE = os.path.join(CC_DIR, "unscale_and_check_finite_op_gpu.cc")
 CUDA_SOURCE = os.path.join(CC_DIR, "unscale_and_check_finite_gpu.cu.cc")
+# The startup hook: a one-line .pth that imports tf_amp only when TF_ENABLE_AUTO_MIXED_PRECISION*
+# is set. A .pth only runs from the site-packages root, so it is copied there, beside tf_amp/.
+STARTUP_HOOK = os.path.join("tf_amp", "runtime", "tf_amp_autoenable.pth")
 CUDA_ARCHS = ("75", "80", "90")  # CUDA 13 dropped Volta (sm_70)
 
 
@@ -79,6 +83,58 @@ def _nvcc_command(nvcc: str, output: str, link_ready: bool) -> list[str]:
             *gencode, *flags]
 
 
+class BuildPyWithStartupHook(build_py):
+    """Also places the startup-hook .pth at the root of the wheel (site-packages)."""
+
+    def run(self) -> None:
+        super().run()
+        self.copy_file(os.path.join(HERE, STARTUP_HOOK),
+                       os.path.join(self.build_lib, os.path.basename(STARTUP_HOOK)))
+
+    def get_outputs(self, include_bytecode: bool = True) -> list[str]:
+        hook = os.path.join(self.build_lib, os.path.basename(STARTUP_HOOK))
+        return [*super().get_outputs(include_bytecode), hook]
+
+
+
+class _StrategyWithStartupHook:
+    """Wraps setuptools' editable-install strategy to add the startup hook to the wheel.
+
+    An editable wheel holds only setuptools' own finder and .pth, so the hook that a normal
+    wheel gets from build_py is written here, at the wheel's root (site-packages).
+    """
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __enter__(self):
+        self.inner.__enter__()
+        return self
+
+    def __exit__(self, *exc_info):
+        return self.inner.__exit__(*exc_info)
+
+    def __call__(self, wheel, files, mapping):
+        self.inner(wheel, files, mapping)
+        with open(os.path.join(HERE, STARTUP_HOOK), encoding="utf-8") as hook:
+            wheel.writestr(os.path.basename(STARTUP_HOOK), hook.read())
+
+
+def _command_classes() -> dict[str, type]:
+    commands: dict[str, type] = {"build_ext": BuildTfAmpOps, "build_py": BuildPyWithStartupHook}
+    try:
+        from setuptools.command.editable_wheel import editable_wheel
+    except ImportError:  # setuptools < 64: no PEP 660 editable installs
+        return commands
+
+    class EditableWheelWithStartupHook(editable_wheel):
+        def _select_strategy(self, *args, **kwargs):
+            return _StrategyWithStartupHook(super()._select_strategy(*args, **kwargs))
+
+    commands["editable_wheel"] = EditableWheelWithStartupHook
+    return commands
+
+
 class BuildTfAmpOps(build_ext):
     """Compiles the op library with TensorFlow's own flags instead of Python's."""
 
@@ -117,7 +173,7 @@ class BuildTfAmpOps(build_ext):
 try:
     setup(
         ext_modules=[Extension("tf_amp._tf_amp_ops", sources=CPU_SOURCES)],
-        cmdclass={"build_ext": BuildTfAmpOps},
+        cmdclass=_command_classes(),
     )
 except BuildError as error:
     sys.exit(f"error: {error}")
