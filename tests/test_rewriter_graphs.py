@@ -1,0 +1,295 @@
+"""Structure tests: loops, TensorLists, library functions, name-preserving mode, bad input,
+purity / idempotence / determinism, variables, and the log directory.
+
+Every rewritten graph that can run is imported and executed, and compared with float32.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.core.framework import graph_pb2, types_pb2
+
+from tf_amp import _model_graphs
+from tf_amp.config import RewriteConfig
+from tf_amp.rewriter import rewrite_graph_def
+from tf_amp.type_attrs import GraphRewriteError
+
+HALF = types_pb2.DT_HALF
+FLOAT = types_pb2.DT_FLOAT
+v1 = tf.compat.v1
+
+
+def build(fn) -> graph_pb2.GraphDef:  # noqa: ANN001 - any zero-arg builder
+    graph = tf.Graph()
+    with graph.as_default():
+        fn()
+    return graph.as_graph_def()
+
+
+def node(gd: graph_pb2.GraphDef, name: str):  # noqa: ANN201 - NodeDef
+    return next(n for n in gd.node if n.name == name)
+
+
+def run(gd: graph_pb2.GraphDef, fetches: list[str], feeds: dict[str, np.ndarray],
+        init: str | None = None) -> list[np.ndarray]:
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.graph_util.import_graph_def(gd, name="")
+    with v1.Session(graph=graph) as sess:
+        if init:
+            sess.run(init)
+        return sess.run(fetches, {k + ":0": v for k, v in feeds.items()})
+
+
+# ---------------------------------------------------------------------------- v1 loops
+@pytest.fixture(scope="module")
+def tf1_graph() -> _model_graphs.ModelGraph:
+    return _model_graphs.tf1_while_momentum()
+
+
+def test_v1_loop_recurrent_edges_have_one_colour_and_graph_trains(tf1_graph) -> None:  # noqa: ANN001
+    #  Enter ─ Merge ─ Switch ─ Identity ─ MatMul ─ AddV2 ─ Tanh ─ NextIteration ─┐
+    #           └──────────────────────────────────────────────────────────────────┘
+    #  Merge and NextIteration: same colour, so no Cast sits on the back edge.
+    gd = tf1_graph.graph_def
+    result = rewrite_graph_def(gd, RewriteConfig(preserve_nodes=frozenset(tf1_graph.fetches)))
+    out = result.graph_def
+    by_name = {n.name: n for n in out.node}
+    checked = 0
+    for n in out.node:
+        if n.op != "NextIteration":
+            continue
+        for consumer in out.node:
+            if any(i.split(":")[0] == n.name for i in consumer.input):
+                assert consumer.op == "Merge", "a Cast on a loop back edge"
+                assert consumer.attr["T"].type == n.attr["T"].type
+                checked += 1
+    assert checked >= 2
+    assert by_name["while/MatMul"].attr["T"].type == HALF
+    x = np.linspace(-1, 1, 128, dtype=np.float32).reshape(8, 16)
+    want = run(gd, ["loss:0", "train"], {"x": x}, init="init")[0]
+    got = run(out, ["loss:0", "train"], {"x": x}, init="init")[0]
+    np.testing.assert_allclose(got, want, rtol=2e-2)
+
+
+def test_variables_stay_float32_at_every_level(tf1_graph) -> None:  # noqa: ANN001
+    for level in ("O1", "O2", "O3"):
+        cfg = RewriteConfig(opt_level=level, preserve_nodes=frozenset(tf1_graph.fetches))
+        out = rewrite_graph_def(tf1_graph.graph_def, cfg).graph_def
+        for n in out.node:
+            if n.op in ("VarHandleOp", "ReadVariableOp", "AssignVariableOp"):
+                assert n.attr["dtype"].type == FLOAT, (level, n.name)
+            if n.op.startswith("ResourceApply"):
+                assert n.attr["T"].type == FLOAT, (level, n.name)
+
+
+# ---------------------------------------------------------------------------- TensorList
+def test_tensor_list_cluster_takes_one_colour() -> None:
+    # x ─ MatMul ─ TensorListSetItem(Reserve) ─ TensorListGetItem ─ MatMul
+    #     H        element_dtype H, on Reserve / SetItem / GetItem alike; no casts between
+    def graph() -> None:
+        x = v1.placeholder(tf.float32, [2, 2], name="x")
+        a = tf.matmul(x, x, name="mm1")
+        lst = tf.raw_ops.TensorListReserve(
+            element_shape=[2, 2], num_elements=1, element_dtype=tf.float32, name="reserve"
+        )
+        lst = tf.raw_ops.TensorListSetItem(input_handle=lst, index=0, item=a, name="set")
+        item = tf.raw_ops.TensorListGetItem(
+            input_handle=lst, index=0, element_shape=[2, 2], element_dtype=tf.float32,
+            name="get",
+        )
+        tf.matmul(item, item, name="mm2")
+
+    gd = build(graph)
+    out = rewrite_graph_def(gd).graph_def
+    for name in ("reserve", "set", "get"):
+        assert node(out, name).attr["element_dtype"].type == HALF, name
+    assert not [n for n in out.node if n.op == "Cast" and "mm1" in n.name]
+    x = np.array([[1.0, 2.0], [3.0, 4.0]], np.float32)
+    np.testing.assert_allclose(run(out, ["mm2:0"], {"x": x})[0],
+                               run(gd, ["mm2:0"], {"x": x})[0], rtol=1e-2)
+
+
+def test_tensor_list_from_a_feed_is_denied() -> None:
+    # handle(Placeholder variant) ─ TensorListGetItem ─ MatMul:  the list comes from outside,
+    # so its element type cannot change: GetItem F, Cast to half before the MatMul.
+    def graph() -> None:
+        handle = v1.placeholder(tf.variant, [], name="handle")
+        item = tf.raw_ops.TensorListGetItem(
+            input_handle=handle, index=0, element_shape=[2, 2], element_dtype=tf.float32,
+            name="get",
+        )
+        tf.matmul(item, item, name="mm")
+
+    gd = build(graph)
+    result = rewrite_graph_def(gd)
+    assert node(result.graph_def, "get").attr["element_dtype"].type == FLOAT
+    assert node(result.graph_def, "mm").attr["T"].type == HALF
+    assert "boundary" in result.report.decision_for("get", "element_dtype").reason
+
+
+# ---------------------------------------------------------------------------- functions
+def test_while_body_and_non_inlined_function_are_rewritten() -> None:
+    #  main: x ─ While(body: MatMul ─ Tanh) ─ inner(MatMul) ─ Sum
+    #  body and inner are library functions: rewritten inside, signatures unchanged,
+    #  a Cast back to float before each half `ret`.
+    @tf.function(experimental_attributes={"_noinline": True})
+    def inner(a: tf.Tensor) -> tf.Tensor:
+        return tf.matmul(a, a)
+
+    @tf.function
+    def f(x: tf.Tensor, w: tf.Tensor) -> tf.Tensor:
+        def body(i: tf.Tensor, h: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+            return i + 1, tf.tanh(tf.matmul(h, w))
+
+        _, h = tf.while_loop(lambda i, h: i < 3, body, [tf.constant(0), x])
+        return tf.reduce_sum(inner(h))
+
+    spec = tf.TensorSpec([4, 4], tf.float32)
+    concrete = f.get_concrete_function(spec, spec)
+    gd = concrete.graph.as_graph_def()
+    result = rewrite_graph_def(gd)
+    out = result.graph_def
+    assert result.report.functions_rewritten >= 2
+    sigs_before = {fd.signature.name: fd.signature for fd in gd.library.function}
+    matmuls = 0
+    for fdef in out.library.function:
+        assert fdef.signature == sigs_before[fdef.signature.name]  # call sites stay valid
+        for n in fdef.node_def:
+            if n.op == "MatMul":
+                assert n.attr["T"].type == HALF
+                matmuls += 1
+        for key, ref in fdef.ret.items():
+            producer = next((n for n in fdef.node_def if n.name == ref.split(":")[0]), None)
+            if producer is not None and producer.op == "Cast":
+                assert producer.attr["DstT"].type == FLOAT, key
+    assert matmuls == 2
+    x = np.full([4, 4], 0.1, np.float32)
+    fetch = concrete.outputs[0].name
+    feeds = {t.name.split(":")[0]: x for t in concrete.inputs}
+    want = run(gd, [fetch], feeds)[0]
+    got = run(out, [fetch], feeds)[0]
+    np.testing.assert_allclose(got, want, rtol=2e-2)
+
+
+# ---------------------------------------------------------------------------- name preserving
+def mlp() -> None:
+    x = v1.placeholder(tf.float32, [4, 8], name="x")
+    w = tf.constant(np.linspace(-1, 1, 64, dtype=np.float32).reshape(8, 8), name="w")
+    h = tf.nn.relu(tf.matmul(x, w, name="mm"), name="relu")
+    s, _ = tf.split(h, 2, axis=1, name="split")
+    tf.reduce_sum(tf.exp(s + 1.0, name="exp"), name="sum")
+
+
+def test_name_preserving_mode_keeps_every_tensor_dtype() -> None:
+    # mm, relu, split become half under new names; "mm", "relu", "split:0", "split:1" stay
+    # float32 tensors (Casts / an IdentityN take the old names).
+    gd = build(mlp)
+    result = rewrite_graph_def(gd, RewriteConfig(preserve_names=True))
+    out = result.graph_def
+    assert set(result.report.renamed) >= {"mm", "relu", "split"}
+    assert node(out, result.report.renamed["mm"]).attr["T"].type == HALF
+    before, after = tf.Graph(), tf.Graph()
+    with before.as_default():
+        tf.graph_util.import_graph_def(gd, name="")
+    with after.as_default():
+        tf.graph_util.import_graph_def(out, name="")
+    for op in before.get_operations():
+        new_op = after.get_operation_by_name(op.name)
+        assert [t.dtype for t in new_op.outputs] == [t.dtype for t in op.outputs], op.name
+    x = np.linspace(-1, 1, 32, dtype=np.float32).reshape(4, 8)
+    fetches = ["relu:0", "split:1", "sum:0"]
+    for got, want in zip(run(out, fetches, {"x": x}), run(gd, fetches, {"x": x}), strict=True):
+        assert got.dtype == np.float32
+        np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2)
+
+
+# ---------------------------------------------------------------------------- contracts
+def test_pure_idempotent_deterministic(tf1_graph) -> None:  # noqa: ANN001
+    for gd in (build(mlp), tf1_graph.graph_def):
+        snapshot = gd.SerializeToString(deterministic=True)
+        first = rewrite_graph_def(gd).graph_def
+        assert gd.SerializeToString(deterministic=True) == snapshot  # input untouched
+        again = rewrite_graph_def(gd).graph_def
+        assert first.SerializeToString(deterministic=True) == again.SerializeToString(
+            deterministic=True
+        )
+        twice = rewrite_graph_def(first)
+        assert twice.report.type_attrs_converted == 0
+        assert twice.graph_def.SerializeToString(
+            deterministic=True
+        ) == first.SerializeToString(deterministic=True)
+
+
+def test_bad_input_gives_clear_errors() -> None:
+    gd = build(mlp)
+    with pytest.raises(TypeError, match="GraphDef"):
+        rewrite_graph_def(gd.SerializeToString())  # type: ignore[arg-type]
+    dup = graph_pb2.GraphDef()
+    dup.CopyFrom(gd)
+    dup.node.add().CopyFrom(node(gd, "mm"))
+    with pytest.raises(GraphRewriteError, match="Duplicate node name 'mm'"):
+        rewrite_graph_def(dup)
+    dangling = graph_pb2.GraphDef()
+    dangling.CopyFrom(gd)
+    node(dangling, "relu").input[0] = "nowhere:0"
+    with pytest.raises(ValueError, match="'nowhere:0' that names no node"):
+        rewrite_graph_def(dangling)
+    arity = graph_pb2.GraphDef()
+    arity.CopyFrom(gd)
+    del node(arity, "mm").input[1]
+    with pytest.raises(GraphRewriteError, match="expects 2"):
+        rewrite_graph_def(arity)
+    bad_port = graph_pb2.GraphDef()
+    bad_port.CopyFrom(gd)
+    node(bad_port, "relu").input[0] = "mm:3"
+    with pytest.raises(GraphRewriteError, match="only 1 output"):
+        rewrite_graph_def(bad_port)
+
+
+def test_empty_graph_is_nothing_to_do() -> None:
+    result = rewrite_graph_def(graph_pb2.GraphDef())
+    assert result.report.nothing_to_do and len(result.graph_def.node) == 0
+
+
+# ---------------------------------------------------------------------------- log dir
+def test_log_dir_files_and_tensorboard_event(tmp_path, tf1_graph) -> None:  # noqa: ANN001
+    gd = tf1_graph.graph_def
+    assert any("_class" in n.attr for n in gd.node)  # TF1 variables carry colocation
+    cfg = RewriteConfig(log_dir=str(tmp_path), preserve_nodes=frozenset(tf1_graph.fetches))
+    result = rewrite_graph_def(gd, cfg)
+    names = os.listdir(tmp_path)
+    for prefix, suffix in [("graphdef_preop_", ".pb"), ("graphdef_preop_", ".pbtxt"),
+                           ("graphdef_AutoMixedPrecision_", ".pb"),
+                           ("graphdef_AutoMixedPrecision_", ".pbtxt"),
+                           ("paintbuckets_AutoMixedPrecision_", ".txt"),
+                           ("decisions_AutoMixedPrecision_", ".jsonl")]:
+        assert any(n.startswith(prefix) and n.endswith(suffix) for n in names), prefix + suffix
+    after_pb = next(n for n in names if n.startswith("graphdef_AutoM") and n.endswith(".pb"))
+    loaded = graph_pb2.GraphDef()
+    with open(tmp_path / after_pb, "rb") as f:
+        loaded.ParseFromString(f.read())
+    assert loaded == result.graph_def
+    jsonl = next(n for n in names if n.startswith("decisions_"))
+    with open(tmp_path / jsonl) as f:
+        lines = [json.loads(line) for line in f]
+    assert lines[0]["summary"] == result.report.summary_line()
+    assert {"node", "attr", "dtype", "reason", "pass"} <= set(lines[1])
+    assert len(lines) - 1 == len(result.report.decisions)
+    events = sorted(glob.glob(str(tmp_path / "tensorboard" / "*" / "*" / "events*")))
+    assert len(events) == 2  # before and after runs
+    for path in events:
+        graphs = [e.graph_def for e in v1.train.summary_iterator(path) if e.graph_def]
+        assert len(graphs) == 1
+        board = graph_pb2.GraphDef()
+        board.ParseFromString(graphs[0])
+        assert not any("_class" in n.attr for n in board.node)
+        graph = tf.Graph()
+        with graph.as_default():
+            tf.graph_util.import_graph_def(board, name="")  # loads: TensorBoard can too
