@@ -1,0 +1,161 @@
+"""Op lists and every environment override (DESIGN section 3), read through RewriteConfig."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from tf_amp.config import RewriteConfig
+from tf_amp.lists import (
+    ALLOW,
+    CLEAR,
+    DENY,
+    ENV_PREFIX,
+    INFER,
+    LEVEL_ENV,
+    OpLists,
+    list_env_variables,
+)
+
+# (variable, list it edits): every documented spelling
+LIST_VARS: list[tuple[str, str]] = [
+    (ENV_PREFIX + "ALLOWLIST", ALLOW),
+    (ENV_PREFIX + "INFERLIST", INFER),
+    (ENV_PREFIX + "CLEARLIST", CLEAR),
+    (ENV_PREFIX + "DENYLIST", DENY),
+    (ENV_PREFIX + "WHITELIST", ALLOW),
+    (ENV_PREFIX + "GRAYLIST", INFER),
+    (ENV_PREFIX + "BLACKLIST", DENY),
+    ("TF_AMP_ALLOWLIST", ALLOW),
+    ("TF_AMP_INFERLIST", INFER),
+    ("TF_AMP_DENYLIST", DENY),
+]
+
+
+def test_defaults_match_tensorflow() -> None:
+    lists = OpLists.default()
+    assert lists.category("MatMul") == ALLOW
+    assert lists.category("Conv2DBackpropFilter") == ALLOW
+    assert lists.category("AddV2") == INFER
+    assert lists.category("FusedBatchNormV3") == INFER
+    assert lists.category("Reshape") == CLEAR
+    assert lists.category("TensorListGetItem") == CLEAR
+    assert lists.category("Exp") == DENY
+    assert lists.category("SparseSoftmaxCrossEntropyWithLogits") == DENY
+    assert lists.category("Atan") is None
+    assert len(lists.infer) == 43
+    assert lists.category("DepthwiseConv2dNative") == ALLOW
+    assert OpLists.default("bfloat16").category("Einsum") == ALLOW
+
+
+@pytest.mark.parametrize(("var", "target"), LIST_VARS)
+def test_every_add_variable(var: str, target: str) -> None:
+    cfg = RewriteConfig.from_env({var + "_ADD": "Atan"})
+    assert cfg.resolved_lists().category("Atan") == target
+
+
+@pytest.mark.parametrize(("var", "target"), LIST_VARS)
+def test_every_remove_variable(var: str, target: str) -> None:
+    member = {ALLOW: "MatMul", INFER: "AddV2", CLEAR: "Reshape", DENY: "Exp"}[target]
+    cfg = RewriteConfig.from_env({var + "_REMOVE": member})
+    assert cfg.resolved_lists().category(member) is None
+
+
+def test_all_documented_variables_are_read() -> None:
+    names = set(list_env_variables())
+    for var, _ in LIST_VARS:
+        assert {var + "_ADD", var + "_REMOVE"} <= names
+
+
+def test_add_moves_an_op_off_its_default_list() -> None:
+    # TensorFlow crashes on "op in multiple lists" here; moving it is what the user means.
+    lists = OpLists.from_env({ENV_PREFIX + "ALLOWLIST_ADD": "AddV2"})
+    assert lists.category("AddV2") == ALLOW
+
+
+def test_blanks_are_ignored() -> None:
+    lists = OpLists.from_env({ENV_PREFIX + "DENYLIST_ADD": " Atan, ,,Acos ,"})
+    assert lists.category("Atan") == DENY and lists.category("Acos") == DENY
+    assert "" not in lists.deny
+
+
+def test_op_on_two_lists_is_an_error_naming_both() -> None:
+    env = {ENV_PREFIX + "ALLOWLIST_ADD": "Atan", ENV_PREFIX + "DENYLIST_ADD": "Atan"}
+    with pytest.raises(ValueError, match=r"'Atan'.*allow.*deny"):
+        OpLists.from_env(env)
+    with pytest.raises(ValueError, match=r"'MatMul' is on both the allow list and the deny"):
+        OpLists(allow=frozenset({"MatMul"}), infer=frozenset(), clear=frozenset(),
+                deny=frozenset({"MatMul"}))
+
+
+def test_unknown_op_warns_with_closest_names(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="tf_amp"):
+        lists = OpLists.from_env({"TF_AMP_ALLOWLIST_ADD": "MatMull"})
+    assert lists.category("MatMull") == ALLOW  # kept: a custom op may load later
+    message = " ".join(r.getMessage() for r in caplog.records)
+    assert "TF_AMP_ALLOWLIST_ADD" in message and "MatMul" in message and "did you mean" in message
+
+
+@pytest.mark.parametrize(
+    ("level", "check"),
+    [
+        ("TENSOR_CORES_ONLY", lambda ls: not (ls.infer or ls.clear or ls.deny) and ls.allow),
+        ("TREAT_INFER_AS_DENY", lambda ls: not ls.infer and "AddV2" in ls.deny),
+        ("UNSAFE_FORCE_ALL", lambda ls: "AddV2" in ls.infer),
+        ("tensor_cores_only", lambda ls: not ls.infer),
+    ],
+)
+def test_level_variable(level: str, check) -> None:  # noqa: ANN001
+    cfg = RewriteConfig.from_env({LEVEL_ENV: level})
+    assert check(cfg.resolved_lists())
+    assert cfg.level == level.upper()
+
+
+@pytest.mark.parametrize(
+    ("var", "value"),
+    [
+        (LEVEL_ENV, "FAST"),
+        ("TF_AMP_OPT_LEVEL", "O7"),
+        ("TF_AMP_TARGET_DTYPE", "float8"),
+        ("TF_AMP_ELIGIBLE_DEVICES", "tpu"),
+        ("TF_AMP_CHECK_KERNELS", "maybe"),
+    ],
+)
+def test_bad_values_name_the_variable(var: str, value: str) -> None:
+    with pytest.raises(ValueError, match=var):
+        RewriteConfig.from_env({var: value})
+
+
+def test_from_env_reads_everything_and_overrides_win() -> None:
+    env = {
+        "TF_AMP_OPT_LEVEL": "o2",
+        "TF_AMP_TARGET_DTYPE": "bfloat16",
+        "TF_AMP_ELIGIBLE_DEVICES": "gpu",
+        "TF_AMP_EXCLUDE_SCOPES": "head, loss",
+        "TF_AMP_CHECK_KERNELS": "0",
+        "TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_LOG_PATH": "/tmp/x",
+    }
+    cfg = RewriteConfig.from_env(env)
+    assert cfg.opt_level == "O2" and cfg.target_dtype == "bfloat16"
+    assert cfg.eligible_devices == "gpu" and cfg.exclude_scopes == ("head", "loss")
+    assert cfg.check_kernels is False and cfg.log_dir == "/tmp/x"
+    assert RewriteConfig.from_env({"TF_AMP_LOG_PATH": "/tmp/y"}).log_dir == "/tmp/y"
+    assert RewriteConfig.from_env(env, opt_level="O1").opt_level == "O1"
+
+
+def test_plain_config_never_reads_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ENV_PREFIX + "ALLOWLIST_REMOVE", "MatMul")
+    monkeypatch.setenv("TF_AMP_OPT_LEVEL", "O3")
+    cfg = RewriteConfig()
+    assert cfg.opt_level == "O1" and cfg.resolved_lists().category("MatMul") == ALLOW
+    assert RewriteConfig.from_env().resolved_lists().category("MatMul") is None
+
+
+def test_config_validates_fields() -> None:
+    with pytest.raises(ValueError, match="opt_level"):
+        RewriteConfig(opt_level="O4")
+    with pytest.raises(ValueError, match="target_dtype"):
+        RewriteConfig(target_dtype="float64")
+    with pytest.raises(TypeError, match="lists"):
+        RewriteConfig(lists={"allow": []})  # type: ignore[arg-type]
