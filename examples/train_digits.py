@@ -34,7 +34,6 @@ flags.DEFINE_integer("seed", 0, "Seed for the split, the initial weights and the
 flags.DEFINE_bool("parity", False, "Convergence parity: 3 seeds, mean and spread of accuracy.")
 flags.DEFINE_integer("parity_seeds", 3, "How many seeds --parity runs.")
 flags.DEFINE_string("logdir", "/tmp/tf_amp_digits", "TensorBoard logs and rewritten graphs.")
-flags.DEFINE_bool("jit_compile", False, "Compile the (rewritten) train step with XLA.")
 flags.DEFINE_integer("steps_per_execution", 1, "Batches per call of the train function.")
 flags.DEFINE_bool("progress", True, "Show a progress bar.")
 
@@ -122,7 +121,7 @@ def train(mixed: bool, seed: int, data: tuple[Any, Any, Any, Any], logdir: str) 
         optimizer=optimizer,
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=["accuracy"],
-        jit_compile=FLAGS.jit_compile,
+        jit_compile=False,  # see README: XLA needs the fused op's XLA fallback
         steps_per_execution=FLAGS.steps_per_execution,
     )
     if mixed:

@@ -203,6 +203,7 @@ def activate(settings: Settings | None = None) -> Settings:
             _patch_tensorflow(sys.modules["tensorflow"])
         if "keras" in sys.modules:
             _patch_keras(sys.modules["keras"])
+        _show_log_lines()
     _LOG.info(
         "tf_amp: automatic mixed precision activated (graph rewrite: %s, loss scaling: %s)",
         "on" if settings.graph_rewrite else "off",
@@ -220,6 +221,7 @@ def deactivate() -> None:
         _HOOK = None
         _PATCHES.restore_all()
         _PATCHED_MODULES.clear()
+        _hide_log_lines()
         if "tf_amp.runtime.auto_loss_scale" in sys.modules:
             sys.modules["tf_amp.runtime.auto_loss_scale"].reset()
         _ACTIVE = None
@@ -245,6 +247,47 @@ def activated(settings: Settings | None = None) -> Iterator[Settings]:
         deactivate()
         if previous is not None:
             activate(previous)
+
+
+# --------------------------------------------------------------------------- log visibility
+
+
+class _OnlyWithoutRootHandlers(logging.Filter):
+    """Lets our handler print only while the application configured no logging of its own."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not logging.getLogger().handlers
+
+
+_HANDLER = logging.StreamHandler()
+_HANDLER.setFormatter(logging.Formatter("%(message)s"))
+_HANDLER.addFilter(_OnlyWithoutRootHandlers())
+
+
+def _show_log_lines() -> None:
+    """An unmodified script configures no logging; the "Converted ..." line must still show.
+
+    Python drops INFO records without a handler, so activation attaches one to the ``tf_amp``
+    logger; it stays silent once the application configures logging (the record then reaches
+    the application's handlers instead), so nothing prints twice.
+    """
+    logger = logging.getLogger("tf_amp")
+    if _HANDLER not in logger.handlers:
+        logger.addHandler(_HANDLER)
+    if logger.level == logging.NOTSET or logger.level > logging.INFO:
+        _LOGGER_LEVEL[:] = [logger.level]
+        logger.setLevel(logging.INFO)
+
+
+def _hide_log_lines() -> None:
+    logger = logging.getLogger("tf_amp")
+    if _HANDLER in logger.handlers:
+        logger.removeHandler(_HANDLER)
+    if _LOGGER_LEVEL:
+        logger.setLevel(_LOGGER_LEVEL.pop())
+
+
+_LOGGER_LEVEL: list[int] = []
 
 
 # --------------------------------------------------------------------------- the patches
