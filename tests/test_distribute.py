@@ -1,0 +1,192 @@
+"""LossScaleOptimizer under tf.distribute: one replica's inf makes every replica skip.
+
+Each scenario runs in a subprocess: logical CPU devices must be configured before TensorFlow
+initialises its devices, and a multi-worker strategy owns the process; neither may leak into
+the rest of the suite. The scripts assert on their own and print one JSON line of facts that
+the test checks again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+COMMON = textwrap.dedent(
+    """
+    import json, os, sys
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import numpy as np
+    import tensorflow as tf
+    {setup}
+    import keras
+    import tf_amp
+    from tf_amp.loss_scale import DynamicLossScale
+
+    POISON_STEPS = {{2: float("inf"), 5: float("nan"), 6: float("inf")}}
+    x = tf.constant(np.linspace(-1, 1, 24, dtype=np.float32).reshape(8, 3))
+    y = tf.reduce_sum(x, axis=1, keepdims=True)
+
+    with strategy.scope():
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential(
+            [keras.Input((3,)), keras.layers.Dense(4, activation="tanh"), keras.layers.Dense(1)]
+        )
+        opt = tf_amp.LossScaleOptimizer(
+            keras.optimizers.Adam(0.01), DynamicLossScale(2.0**8, growth_interval=3)
+        )
+        opt.build(model.trainable_variables)
+
+    @tf.function
+    def step(bad):
+        def replica_fn(bad):
+            context = tf.distribute.get_replica_context()
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.square(model(x) - y))
+                scaled = opt.scale_loss(loss)
+            grads = tape.gradient(scaled, model.trainable_variables)
+            # Only the last replica sees the inf/nan: the others must skip too.
+            last = context.replica_id_in_sync_group == context.num_replicas_in_sync - 1
+            poison = tf.where(last, bad, 0.0)
+            opt.apply([g + poison for g in grads], model.trainable_variables)
+
+        strategy.run(replica_fn, args=(bad,))
+
+    def local(variable):
+        variable = getattr(variable, "value", variable)
+        values = strategy.experimental_local_results(variable)
+        return [np.array(t.numpy()).tobytes() for t in values]
+
+    def tracked():
+        # weights + inner slots/iterations (what a skip keeps), and the loss-scale state
+        return ([local(v) for v in model.weights + opt.inner_optimizer.variables],
+                [local(v) for v in opt._state_vars])
+
+    scales = []
+    for i in range(8):
+        before, _ = tracked()
+        step(tf.constant(POISON_STEPS.get(i, 0.0)))
+        after, state = tracked()
+        for per_replica in after + state:
+            assert len(set(per_replica)) == 1, "replicas diverged"
+        if i in POISON_STEPS:
+            assert before == after, f"step {{i}} was poisoned but state changed"
+        else:
+            assert before != after, f"step {{i}} was finite but nothing was applied"
+        scales.append(float(opt.loss_scale))
+    facts = {{
+        "replicas": strategy.num_replicas_in_sync,
+        "skipped": int(opt.skipped_steps),
+        "iterations": int(strategy.experimental_local_results(opt.iterations.value)[0]),
+        "scales": scales,
+    }}
+    """
+)
+
+MIRRORED_SETUP = textwrap.dedent(
+    """
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()]
+    )
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    """
+)
+
+MIRRORED_FIT = textwrap.dedent(
+    """
+    # fit() under the strategy takes the wrapper as well.
+    with strategy.scope():
+        fit_model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        fit_model.compile(optimizer=tf_amp.LossScaleOptimizer(keras.optimizers.SGD(0.1)),
+                          loss="mse")
+    fit_model.fit(x.numpy(), y.numpy(), batch_size=4, epochs=2, verbose=0)
+    iterations = fit_model.optimizer.iterations.value
+    facts["fit_iterations"] = int(strategy.experimental_local_results(iterations)[0])
+    print(json.dumps(facts))
+    """
+)
+
+MULTI_WORKER_SETUP = textwrap.dedent(
+    """
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    """
+)
+
+EXPECTED_SCALES = [256.0, 256.0, 128.0, 128.0, 128.0, 64.0, 32.0, 32.0]
+
+
+def run_script(source: str, env: dict[str, str], timeout: float) -> subprocess.Popen:
+    full_env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", **env)
+    return subprocess.Popen(
+        [sys.executable, "-c", source],
+        env=full_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def facts_from(process: subprocess.Popen, timeout: float) -> dict:
+    try:
+        out, err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        out, err = process.communicate()
+        pytest.fail(f"distributed script timed out:\n{err[-3000:]}")
+    assert process.returncode == 0, err[-4000:]
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def check(facts: dict) -> None:
+    assert facts["replicas"] == 2
+    assert facts["skipped"] == 3  # one per poisoned step, though only one replica saw it
+    assert facts["iterations"] == 5
+    assert facts["scales"] == EXPECTED_SCALES
+
+
+def test_mirrored_strategy_two_logical_cpus():
+    source = COMMON.format(setup=MIRRORED_SETUP) + MIRRORED_FIT
+    facts = facts_from(run_script(source, {}, 240), 240)
+    check(facts)
+    assert facts["fit_iterations"] == 4
+
+
+def free_ports(n: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(n)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def test_multi_worker_mirrored_strategy_two_local_workers():
+    ports = free_ports(2)
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
+    source = COMMON.format(setup=MULTI_WORKER_SETUP) + "\nprint(json.dumps(facts))\n"
+    workers = [
+        run_script(
+            source,
+            {"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})},
+            240,
+        )
+        for i in range(2)
+    ]
+    try:
+        results = [facts_from(w, 240) for w in workers]
+    finally:
+        for w in workers:
+            if w.poll() is None:
+                w.kill()
+    for facts in results:
+        check(facts)
+    assert results[0] == results[1]
