@@ -324,3 +324,46 @@ def test_enable_mixed_precision_graph_rewrite_marks_and_toggles():
     finally:
         tf_amp.disable_mixed_precision_graph_rewrite()
     assert not is_rewrite_enabled()
+
+
+FALLBACK_SCRIPT = """
+import json
+import numpy as np, tensorflow as tf, keras, tf_amp
+from tf_amp.loss_scale import DynamicLossScale
+w, emb = keras.Variable([0.5, -1.0, 2.0]), keras.Variable(np.ones((4, 2), np.float32))
+policy = DynamicLossScale(8.0, growth_interval=2)
+opt = tf_amp.LossScaleOptimizer(keras.optimizers.Adam(0.1), policy)
+for i, bad in enumerate([0.0, np.inf, 0.0, 0.0, np.nan, 0.0, 0.0]):
+    scale = float(opt.loss_scale)
+    dense = tf.constant([0.3, -0.2, 0.1 + bad]) * scale
+    rows = tf.constant([[0.25, 1.0]]) * scale
+    sparse = tf.IndexedSlices(rows, tf.constant([i % 4]), tf.constant([4, 2]))
+    opt.apply([dense, sparse], [w, emb])
+print(json.dumps({"native": tf_amp.native_op_available(), "skipped": int(opt.skipped_steps),
+                  "scale": float(opt.loss_scale),
+                  "weights": [v.numpy().tobytes().hex() for v in (w, emb)]}))
+"""
+
+
+def test_fallback_op_path_gives_the_same_training_as_the_default_path():
+    """TF_AMP_FORCE_FALLBACK_OP=1 takes the pure-TF op; results are bit-identical either way."""
+    import json
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    runs = {}
+    for forced in ("1", "0"):
+        env = dict(os.environ, PYTHONPATH=root, TF_AMP_FORCE_FALLBACK_OP=forced)
+        done = subprocess.run(
+            [sys.executable, "-c", FALLBACK_SCRIPT],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs[forced] = json.loads(done.stdout.strip().splitlines()[-1])
+    assert runs["1"]["native"] is False
+    assert runs["1"]["skipped"] == 2 and runs["1"]["scale"] == 8.0  # 8 4 4 8 4 4 8
+    assert runs["1"] == dict(runs["0"], native=False)
