@@ -356,7 +356,15 @@ def _is_library_object(func: Any) -> bool:
 
 
 def _is_user_caller(depth: int = 2) -> bool:
-    """True when the frame ``depth`` levels up belongs to user code, not TF/Keras/tf_amp."""
+    """True when the code calling (``depth`` frames up) is user code, not TF/Keras/tf_amp.
+
+    AutoGraph routes calls inside a converted function through its own ``converted_call``;
+    those frames are skipped so the user's converted function is the one that decides.
+    """
     frame = sys._getframe(depth)  # noqa: SLF001
-    module = frame.f_globals.get("__name__", "") or ""
-    return module.split(".")[0] not in _LIBRARY_MODULES
+    while frame is not None:
+        module = frame.f_globals.get("__name__", "") or ""
+        if not module.startswith("tensorflow.python.autograph"):
+            return module.split(".")[0] not in _LIBRARY_MODULES
+        frame = frame.f_back
+    return False

@@ -49,8 +49,8 @@ def state_variables() -> list[tf.Variable]:
     """The custom-loop loss-scale variables (created on first call)."""
     with _LOCK:
         if _STATE["vars"] is None:
-            initial = _policy().initial_state()
-            with tf.init_scope():
+            with tf.init_scope():  # eager, outside any function being traced
+                initial = _policy().initial_state()
                 _STATE["vars"] = [
                     tf.Variable(value, trainable=False, name=f"tf_amp_auto_loss_scale/{field}")
                     for field, value in zip(initial._fields, initial, strict=True)

@@ -1,0 +1,322 @@
+"""TF_ENABLE_AUTO_MIXED_PRECISION: parsing, reversible patches, and unmodified scripts.
+
+Scripts run in subprocesses with the startup hook processed exactly as at interpreter start
+(``site.addsitedir`` on a directory holding ``tf_amp_autoenable.pth``, which is what site does
+for site-packages), so they show what an installed tf_amp does to a script that never imports it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import timeit
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.e2e_helpers import half_ops
+from tf_amp.runtime import activation, auto_loss_scale
+from tf_amp.runtime.activation import (
+    ENV_ENABLE,
+    ENV_GRAPH_REWRITE,
+    ENV_LOSS_SCALING,
+    Settings,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+PTH = REPO / "tf_amp" / "runtime" / "tf_amp_autoenable.pth"
+ALL_VARS = (ENV_ENABLE, ENV_GRAPH_REWRITE, ENV_LOSS_SCALING)
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+# ----------------------------------------------------------------------------- parsing
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({}, Settings(False, False)),
+        ({ENV_ENABLE: "1"}, Settings(True, True)),
+        ({ENV_ENABLE: "true"}, Settings(True, True)),
+        ({ENV_ENABLE: "0"}, Settings(False, False)),
+        ({ENV_ENABLE: " "}, Settings(False, False)),
+        ({ENV_ENABLE: "1", ENV_GRAPH_REWRITE: "0"}, Settings(False, True)),
+        ({ENV_ENABLE: "1", ENV_LOSS_SCALING: "off"}, Settings(True, False)),
+        ({ENV_GRAPH_REWRITE: "1"}, Settings(True, False)),
+        ({ENV_LOSS_SCALING: "YES"}, Settings(False, True)),
+    ],
+)
+def test_settings_from_env(env: dict[str, str], expected: Settings) -> None:
+    assert Settings.from_env(env) == expected
+
+
+@pytest.mark.parametrize("name", ALL_VARS)
+@pytest.mark.parametrize("value", ["2", "maybe", "enable", "1.0"])
+def test_garbage_values_raise_naming_the_variable(name: str, value: str) -> None:
+    with pytest.raises(ValueError, match=name) as info:
+        Settings.from_env({name: value})
+    assert repr(value) in str(info.value)
+
+
+# ----------------------------------------------------------------------------- in process
+
+
+def test_activation_patches_and_restores_exactly() -> None:
+    originals = (
+        tf.function,
+        tf.compat.v1.Session,
+        tf.GradientTape.gradient,
+        tf.compat.v1.train.Optimizer.minimize,
+        keras.Model.compile,
+        keras.optimizers.Optimizer.apply,
+    )
+    with activation.activated(Settings(graph_rewrite=True, loss_scaling=True)):
+        assert activation.patch_count() == 6
+        from tf_amp.runtime.session import Session
+
+        assert tf.compat.v1.Session is Session
+        assert tf.function is not originals[0]
+    current = (
+        tf.function,
+        tf.compat.v1.Session,
+        tf.GradientTape.gradient,
+        tf.compat.v1.train.Optimizer.minimize,
+        keras.Model.compile,
+        keras.optimizers.Optimizer.apply,
+    )
+    assert all(a is b for a, b in zip(originals, current, strict=True))
+    assert activation.patch_count() == 0 and not activation.is_active()
+    assert "make_train_function" not in vars(keras.Model)
+
+
+def test_each_half_patches_only_its_own_part() -> None:
+    original_function = tf.function
+    with activation.activated(Settings(graph_rewrite=False, loss_scaling=True)):
+        assert tf.function is original_function
+        assert tf.GradientTape.gradient.__module__ == "tf_amp.runtime.auto_loss_scale"
+    with activation.activated(Settings(graph_rewrite=True, loss_scaling=False)):
+        assert tf.function is not original_function
+        assert tf.GradientTape.gradient.__module__.startswith("tensorflow")
+
+
+def test_library_functions_keep_plain_tf_function() -> None:
+    with activation.activated():
+        from tf_amp.runtime.function import Function
+
+        assert isinstance(tf.function(lambda t: t), Function)  # defined here: user code
+        from keras.src.backend.tensorflow import core  # noqa: F401
+
+        def library_fn(t: tf.Tensor) -> tf.Tensor:
+            return t
+
+        library_fn.__module__ = "keras.src.somewhere"
+        assert not isinstance(tf.function(library_fn), Function)
+
+
+def test_unmodified_custom_loop_scales_the_loss_and_skips_overflow() -> None:
+    with activation.activated():
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential(
+            [keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)]
+        )
+        opt = keras.optimizers.SGD(0.05)  # a plain optimizer: nobody asked for loss scaling
+
+        @tf.function
+        def step(x: tf.Tensor, y: tf.Tensor, factor: tf.Tensor) -> tf.Tensor:
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean((model(x) - y) ** 2) * factor
+            grads = tape.gradient(loss, model.trainable_variables)
+            opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+            return loss
+
+        rng = np.random.default_rng(0)
+        x = rng.random((32, 8), dtype=np.float32)
+        y = x.sum(axis=1, keepdims=True)
+        losses = [float(step(x, y, tf.constant(1.0))) for _ in range(30)]
+        state = auto_loss_scale.current_state()
+        kernel = model.layers[0].kernel.numpy().copy()
+        iterations = int(opt.iterations)
+        step(x, y, tf.constant(np.inf))  # overflow: the step must change nothing
+        after = auto_loss_scale.current_state()
+
+        assert "MatMul" in half_ops(step.concrete_functions()[0].graph.as_graph_def())
+        assert losses[-1] < 0.5 * losses[0]
+        assert int(state.good_steps) + int(state.skipped_steps) == 30
+        np.testing.assert_array_equal(kernel, model.layers[0].kernel.numpy())
+        assert int(opt.iterations) == iterations
+        assert float(after.scale) == float(state.scale) / 2
+        assert int(after.skipped_steps) == int(state.skipped_steps) + 1
+
+
+# ----------------------------------------------------------------------------- subprocesses
+
+
+def _run(script: Path, tmp_path: Path, env: dict[str, str], timeout: float = 150) -> str:
+    """Runs ``script`` as __main__ after processing the .pth as Python's startup does."""
+    site_dir = tmp_path / "site"
+    site_dir.mkdir(exist_ok=True)
+    (site_dir / PTH.name).write_text(PTH.read_text())
+    bootstrap = (
+        "import runpy, site, sys; site.addsitedir(sys.argv[1]); sys.argv = sys.argv[2:]; "
+        "runpy.run_path(sys.argv[0], run_name='__main__')"
+    )
+    full_env = {k: v for k, v in os.environ.items() if k not in ALL_VARS}
+    full_env.update(
+        {"PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": "0"}
+    )
+    full_env.update(env)
+    proc = subprocess.run(
+        [sys.executable, "-c", bootstrap, str(site_dir), str(script)],
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=tmp_path,
+    )
+    output = proc.stdout + proc.stderr
+    if proc.returncode != 0:
+        raise AssertionError(f"exit {proc.returncode}\n{output[-4000:]}")
+    return output
+
+
+def _write(tmp_path: Path, name: str, code: str) -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(code))
+    return path
+
+
+def _half_ops_in_logs(log_dir: Path) -> set[str]:
+    from tensorflow.core.framework import graph_pb2
+
+    found: set[str] = set()
+    for path in log_dir.glob("graphdef_AutoMixedPrecision_*.pb"):
+        graph_def = graph_pb2.GraphDef()
+        graph_def.ParseFromString(path.read_bytes())
+        found |= half_ops(graph_def)
+    return found
+
+
+KERAS_FIT_SCRIPT = """
+    import numpy as np, keras
+    keras.utils.set_random_seed(0)
+    x = np.random.rand(128, 8, 8, 1).astype("float32")
+    y = x.reshape(128, -1)[:, :10].argmax(1)
+    model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Conv2D(8, 3, activation="relu"),
+                              keras.layers.Flatten(), keras.layers.Dense(10)])
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    h = model.fit(x, y, epochs=3, batch_size=32, verbose=0)
+    print("optimizer:", type(model.optimizer).__name__)
+    print("losses:", h.history["loss"])
+    print("scale:", float(model.optimizer.loss_scale))
+"""
+
+
+def test_env_keras_fit_script_trains_in_mixed_precision(tmp_path: Path) -> None:
+    script = _write(tmp_path, "fit.py", KERAS_FIT_SCRIPT)
+    logs = tmp_path / "logs"
+    out = _run(script, tmp_path, {ENV_ENABLE: "1", "TF_AMP_LOG_PATH": str(logs)})
+    assert "optimizer: KerasLossScaleOptimizer" in out
+    assert "Converted " in out and "scale: " in out
+    assert {"Conv2D", "Conv2DBackpropFilter", "MatMul"} <= _half_ops_in_logs(logs)
+    losses = eval(out.split("losses:")[1].splitlines()[0])  # noqa: S307 - our own output
+    assert losses[-1] < losses[0]
+
+
+def test_env_tf1_session_script_trains_in_mixed_precision(tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    out = _run(
+        REPO / "examples" / "tf1_session_env.py",
+        tmp_path,
+        {ENV_ENABLE: "1", "TF_AMP_LOG_PATH": str(logs)},
+    )
+    assert "session: tf_amp.runtime.session.Session" in out
+    assert "LossScaleMomentum/loss_scale_scale" in out  # minimize() went through loss scaling
+    assert {"Conv2D", "MatMul"} <= _half_ops_in_logs(logs)
+    accuracy = float(out.split("test accuracy:")[1].split()[0])
+    assert accuracy > 0.9
+
+
+CUSTOM_LOOP_SCRIPT = """
+    import numpy as np, tensorflow as tf, keras
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(32, activation="relu"),
+                              keras.layers.Dense(1)])
+    opt = keras.optimizers.Adam(1e-2)
+    x = np.random.rand(64, 16).astype("float32"); y = x.sum(1, keepdims=True)
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean((model(x, training=True) - y) ** 2)
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    losses = [float(step(x, y)) for _ in range(50)]
+    print("first", losses[0], "last", losses[-1], "steps", int(opt.iterations))
+    print("variables:", [v.name for v in tf.compat.v1.global_variables()] or "eager")
+"""
+
+
+def test_env_custom_loop_script_trains_in_mixed_precision(tmp_path: Path) -> None:
+    script = _write(tmp_path, "loop.py", CUSTOM_LOOP_SCRIPT)
+    logs = tmp_path / "logs"
+    out = _run(script, tmp_path, {ENV_ENABLE: "1", "TF_AMP_LOG_PATH": str(logs)})
+    assert "MatMul" in _half_ops_in_logs(logs)
+    fields = out.split("first")[1].split()
+    first, last, steps = float(fields[0]), float(fields[2]), int(fields[4])
+    assert last < 0.5 * first
+    assert 40 <= steps <= 50  # a few early steps may be skipped while the scale settles
+    assert "loss scaling: on" in out
+
+
+def test_env_rewrite_off_keeps_loss_scaling_only(tmp_path: Path) -> None:
+    script = _write(tmp_path, "fit.py", KERAS_FIT_SCRIPT)
+    logs = tmp_path / "logs"
+    out = _run(
+        script,
+        tmp_path,
+        {ENV_ENABLE: "1", ENV_GRAPH_REWRITE: "0", "TF_AMP_LOG_PATH": str(logs)},
+    )
+    assert "optimizer: KerasLossScaleOptimizer" in out
+    assert "Converted " not in out and not list(logs.glob("*.pb"))
+
+
+def test_env_garbage_value_fails_the_script_naming_the_variable(tmp_path: Path) -> None:
+    script = _write(tmp_path, "s.py", "import tensorflow\nprint('ran')\n")
+    with pytest.raises(AssertionError) as info:
+        _run(script, tmp_path, {ENV_LOSS_SCALING: "sometimes"})
+    assert ENV_LOSS_SCALING in str(info.value) and "ran" not in str(info.value)
+
+
+def test_env_unset_imports_and_patches_nothing(tmp_path: Path) -> None:
+    script = _write(
+        tmp_path,
+        "s.py",
+        """
+        import sys
+        print("tf_amp modules:", sorted(m for m in sys.modules if m.startswith("tf_amp")))
+        import tensorflow as tf
+        print("tf.function patched:", tf.function.__module__.startswith("tf_amp"))
+        print("Session:", tf.compat.v1.Session.__module__)
+        """,
+    )
+    out = _run(script, tmp_path, {})
+    assert "tf_amp modules: []" in out
+    assert "tf.function patched: False" in out
+    assert "Session: tensorflow.python.client.session" in out
+
+
+def test_startup_line_costs_nothing_measurable_when_unset(monkeypatch) -> None:
+    for name in ALL_VARS:
+        monkeypatch.delenv(name, raising=False)
+    line = PTH.read_text().strip()
+    assert line.startswith("import ")  # site executes lines starting with "import"
+    per_call = min(timeit.repeat(line, number=2000, repeat=3)) / 2000
+    assert per_call < 50e-6  # microseconds, against an interpreter start of ~10-20 ms
