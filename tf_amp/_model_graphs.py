@@ -161,3 +161,24 @@ ALL_BUILDERS: dict[str, Callable[[], ModelGraph]] = {
     "lstm_gru": keras_lstm_gru,
     "tf1_while_momentum": tf1_while_momentum,
 }
+
+
+def inline_functions(model: ModelGraph) -> ModelGraph:
+    """The same graph after Grappler's function inlining (what the tf.function runtime adapter
+    does): calls inlined, functional While/If lowered to Switch/Merge/Enter/Exit loops."""
+    from tensorflow.core.protobuf import config_pb2, meta_graph_pb2, rewriter_config_pb2
+    from tensorflow.python.grappler import tf_optimizer
+
+    meta = meta_graph_pb2.MetaGraphDef()
+    meta.graph_def.CopyFrom(model.graph_def)
+    meta.collection_def["train_op"].node_list.value.extend(model.fetches)
+    cfg = config_pb2.ConfigProto()
+    rewrite = cfg.graph_options.rewrite_options
+    rewrite.optimizers[:] = ["function"]
+    rewrite.min_graph_nodes = -1
+    rewrite.meta_optimizer_iterations = rewriter_config_pb2.RewriterConfig.ONE
+    inlined = tf_optimizer.OptimizeGraph(cfg, meta)
+    return ModelGraph(model.name + "_inlined", inlined, list(model.fetches), dict(model.feeds))
+
+
+ALL_BUILDERS["lstm_gru_inlined"] = lambda: inline_functions(keras_lstm_gru())

@@ -347,20 +347,34 @@ class Painter:
                 x = parent[x]
             return x
 
+        def is_sink(n: int) -> bool:
+            if view.ops[n] in _TENSOR_LIST_SINKS:
+                return True
+            if n >= view.num_real:
+                return False
+            info = view.infos[n]
+            return info is None or info.is_function or info.has_func_attr
+
+        # Handles are followed through ordinary nodes (Identity, Switch, Merge, Enter, ...) but
+        # not through sinks: lists on the two sides of a While/If/call stay separate clusters,
+        # each denied because it touches the boundary.
+        touching_sink: list[int] = []
         for k in range(len(view.e_src)):
             s, p = view.e_src[k], view.e_sport[k]
             if view.port_dtype(s, p, output=True) != DT_VARIANT:
                 continue
-            a, b = find(s), find(view.e_dst[k])
+            d = view.e_dst[k]
+            s_sink, d_sink = is_sink(s), is_sink(d)
+            if s_sink or d_sink:
+                if not s_sink:
+                    touching_sink.append(s)
+                if not d_sink:
+                    touching_sink.append(d)
+                continue
+            a, b = find(s), find(d)
             if a != b:
                 parent[max(a, b)] = min(a, b)
-        unsafe_roots: set[int] = set()
-        for n in range(len(view.names)):
-            op = view.ops[n]
-            info = view.infos[n] if n < view.num_real else None
-            is_unknown = n < view.num_real and info is None
-            if op in _TENSOR_LIST_SINKS or is_unknown or (info is not None and info.is_function):
-                unsafe_roots.add(find(n))
+        unsafe_roots: set[int] = {find(n) for n in touching_sink}
         clusters: dict[int, list[int]] = {}
         for v in members:
             root = find(view.v_node[v])
