@@ -1,0 +1,103 @@
+"""``tf-amp`` command line: rewrite (GraphDef, SavedModel), inspect, lists."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.e2e_helpers import half_ops
+from tf_amp import cli
+
+
+def _matmul_graph_def() -> tf.compat.v1.GraphDef:
+    """x -> MatMul(w) -> Relu -> Sum: MatMul and Relu convert, Sum (deny) stays float32."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [4, 8], name="x")
+        w = tf.constant(np.ones((8, 8), np.float32), name="w")
+        tf.reduce_sum(tf.nn.relu(tf.matmul(x, w, name="mm")), name="out")
+    return graph.as_graph_def()
+
+
+@pytest.mark.parametrize("suffix", [".pb", ".pbtxt"])
+def test_rewrite_graph_def_file(
+    tmp_path: Path, suffix: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source, target = tmp_path / f"in{suffix}", tmp_path / f"out{suffix}"
+    cli.write_graph_def(_matmul_graph_def(), str(source))
+    assert cli.main(["rewrite", str(source), str(target), "--preserve", "out"]) == 0
+    assert "Converted" in capsys.readouterr().out
+    rewritten = cli.read_graph_def(str(target))
+    assert "MatMul" in half_ops(rewritten)
+    nodes = {n.name: n for n in rewritten.node}
+    assert nodes["out"].attr["T"].type == tf.float32.as_datatype_enum
+
+
+def test_rewrite_saved_model_loads_and_runs_in_half(tmp_path: Path) -> None:
+    class Net(tf.Module):
+        def __init__(self) -> None:
+            self.w = tf.Variable(tf.random.stateless_normal((16, 16), seed=(1, 1)))
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 16], tf.float32)])
+        def __call__(self, x: tf.Tensor) -> tf.Tensor:
+            return tf.nn.relu(tf.matmul(x, self.w))
+
+    net = Net()
+    source, target = tmp_path / "fp32_model", tmp_path / "amp_model"
+    tf.saved_model.save(net, str(source))
+    assert cli.main(["rewrite", str(source), str(target)]) == 0
+
+    loaded = tf.saved_model.load(str(target))
+    x = tf.random.stateless_normal((4, 16), seed=(2, 2))
+    got = loaded.signatures["serving_default"](x=x)
+    (output,) = got.values()
+    assert output.dtype == tf.float32
+    np.testing.assert_allclose(output.numpy(), net(x).numpy(), rtol=2e-2, atol=2e-2)
+    library = loaded.signatures["serving_default"].graph.as_graph_def()
+    assert "MatMul" in half_ops(library)
+    assert (target / "variables").is_dir()
+
+
+def test_inspect_reports_conversions_casts_and_float32_islands(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source, logs = tmp_path / "in.pb", tmp_path / "logs"
+    cli.write_graph_def(_matmul_graph_def(), str(source))
+    cli.main(["rewrite", str(source), str(tmp_path / "out.pb"), "--log-dir", str(logs)])
+    capsys.readouterr()
+    assert cli.main(["inspect", str(logs)]) == 0
+    text = capsys.readouterr().out
+    assert "Converted" in text
+    assert "MatMul" in text.split("by type:")[1]
+    assert "casts: 2 to 16-bit, 1 back to float32" in text  # x and w in; Relu out to Sum
+    assert "float32 islands: 1" in text and "Sum" in text and "deny list" in text
+
+
+def test_inspect_of_an_empty_directory_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["inspect", str(tmp_path)]) == 1
+    assert "no rewrite logs" in capsys.readouterr().out
+
+
+def test_lists_apply_environment_overrides(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_DENYLIST_REMOVE", "Sum")
+    monkeypatch.setenv("TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_INFERLIST_ADD", "Sum")
+    assert cli.main(["lists", "--json"]) == 0
+    lists = json.loads(capsys.readouterr().out)
+    assert "Sum" in lists["infer"] and "Sum" not in lists["deny"]
+    assert "MatMul" in lists["allow"]
+
+
+def test_bad_input_gives_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "junk.pb").write_bytes(b"\xff\x00 not a graph")
+    assert cli.main(["rewrite", str(tmp_path / "junk.pb"), str(tmp_path / "o.pb")]) == 2
+    assert "neither a binary nor a text GraphDef" in capsys.readouterr().err
+    assert cli.main(["rewrite", str(tmp_path), str(tmp_path / "o")]) == 2
+    assert "without saved_model.pb" in capsys.readouterr().err
