@@ -367,3 +367,20 @@ def test_fallback_op_path_gives_the_same_training_as_the_default_path():
     assert runs["1"]["native"] is False
     assert runs["1"]["skipped"] == 2 and runs["1"]["scale"] == 8.0  # 8 4 4 8 4 4 8
     assert runs["1"] == dict(runs["0"], native=False)
+
+
+def test_jit_compiled_fit_uses_the_tf_path_and_still_skips():
+    """Under jit_compile the native kernel (no XLA translation) is replaced by TF ops."""
+    x, y = np.ones((16, 3), np.float32), np.ones((16, 1), np.float32)
+    for scale, skipped in ((2.0**10, 0), (float(np.finfo(np.float32).max), 4)):
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        initial = [w.numpy().copy() for w in model.weights]
+        opt = tf_amp.LossScaleOptimizer(keras.optimizers.SGD(0.1), StaticLossScale(scale))
+        model.compile(optimizer=opt, loss="mse", jit_compile=True)
+        model.fit(x, y, batch_size=4, epochs=1, verbose=0)
+        assert int(opt.skipped_steps) == skipped and int(opt.iterations) == 4 - skipped
+        unchanged = all(
+            a.tobytes() == w.numpy().tobytes() for a, w in zip(initial, model.weights, strict=True)
+        )
+        assert unchanged == (skipped == 4)

@@ -15,6 +15,7 @@ from tensorflow.core.framework import summary_pb2
 from tensorflow.python.ops import control_flow_util
 
 from tf_amp.loss_scale import LossScale, LossScaleState
+from tf_amp.ops import unscale_and_check_finite
 
 GRAPH_REWRITE_ATTR = "_tf_amp_graph_rewrite"
 """Attribute set to True on a wrapper returned by ``enable_mixed_precision_graph_rewrite``."""
@@ -49,6 +50,12 @@ def _keras_loss_scale_optimizer_class() -> type | None:
     if keras_module is None:
         return None
     return getattr(keras_module.optimizers, "LossScaleOptimizer", None)
+
+
+def unscale_and_check(grads: list[Any], scale: Any) -> tuple[list[Any], tf.Tensor]:
+    """The fused op, or its TF-ops form under ``jit_compile``: the native kernel has no XLA
+    translation, while the TF ops compile (and XLA fuses them anyway)."""
+    return unscale_and_check_finite(grads, scale, use_native=False if in_xla_context() else None)
 
 
 def all_replicas_finite(finite: tf.Tensor) -> tf.Tensor:

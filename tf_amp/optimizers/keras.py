@@ -37,7 +37,6 @@ from keras.src.utils import tracking
 
 from tf_amp import loss_scale as loss_scale_lib
 from tf_amp.loss_scale import LossScale, LossScaleState
-from tf_amp.ops import unscale_and_check_finite
 from tf_amp.optimizers import _common
 
 # Base-optimizer arguments that belong on the inner optimizer, not on the wrapper.
@@ -237,7 +236,7 @@ class KerasLossScaleOptimizer(keras.optimizers.Optimizer):
                 "gradients would be unscaled twice"
             )
         scale = self.loss_scale
-        unscaled, _ = unscale_and_check_finite(list(grads), scale)
+        unscaled, _ = _common.unscale_and_check(list(grads), scale)
         self._grads_already_unscaled = True
         return unscaled
 
@@ -270,7 +269,7 @@ class KerasLossScaleOptimizer(keras.optimizers.Optimizer):
             None if g is None or self._overwrite_variable_with_gradient(v) else g
             for g, v in zip(grads, variables, strict=True)
         ]
-        unscaled, finite = unscale_and_check_finite(
+        unscaled, finite = _common.unscale_and_check(
             raw, tf.constant(1.0) if already else state.scale
         )
         unscaled = [u if r is not None else g for u, r, g in zip(unscaled, raw, grads, strict=True)]
