@@ -190,3 +190,47 @@ def test_multi_worker_mirrored_strategy_two_local_workers():
     for facts in results:
         check(facts)
     assert results[0] == results[1]
+
+
+V1_MIRRORED = MIRRORED_SETUP + textwrap.dedent(
+    """
+    import tf_amp
+
+    with strategy.scope():
+        w = tf.Variable([1.0, 2.0])
+        gs = tf.Variable(0, dtype=tf.int64, aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+        opt = tf_amp.LossScaleOptimizer(tf.compat.v1.train.AdamOptimizer(0.1))
+
+    @tf.function
+    def step(bad):
+        def replica_fn(bad):
+            context = tf.distribute.get_replica_context()
+            poison = tf.where(context.replica_id_in_sync_group == 1, bad, 0.0)
+            loss = lambda: tf.reduce_sum(w * w) * (1.0 + poison)
+            opt.apply_gradients(opt.compute_gradients(loss, var_list=[w]), global_step=gs)
+
+        strategy.run(replica_fn, args=(bad,))
+
+    rows = []
+    for bad in [0.0, float("inf"), 0.0, float("nan")]:
+        step(tf.constant(bad))
+        local = lambda v: [t.numpy().tolist() for t in strategy.experimental_local_results(v)]
+        rows.append({"w": local(w), "gs": local(gs), "scale": local(opt._state_vars[0])})
+    print(json.dumps(rows))
+    """
+)
+
+
+def test_v1_optimizer_under_mirrored_strategy():
+    source = "import json, os\nimport tensorflow as tf\n" + V1_MIRRORED
+    process = run_script(source, {}, 240)
+    out, err = process.communicate(timeout=240)
+    assert process.returncode == 0, err[-4000:]
+    rows = json.loads(out.strip().splitlines()[-1])
+    for row in rows:
+        for values in row.values():
+            assert values[0] == values[1]  # replicas agree
+    assert rows[1]["w"] == rows[0]["w"] and rows[3]["w"] == rows[2]["w"]  # skipped
+    assert rows[2]["w"] != rows[1]["w"]
+    assert [r["gs"][0] for r in rows] == [1, 1, 2, 2]
+    assert [r["scale"][0] for r in rows] == [32768.0, 16384.0, 16384.0, 8192.0]
