@@ -231,6 +231,9 @@ def test_enabled_false_is_the_inner_optimizer():
     disabled = tf_amp.LossScaleOptimizer(keras.optimizers.SGD(), enabled=False)
     assert float(disabled.scale_loss(tf.constant(3.0))) == 3.0
     assert float(disabled.loss_scale) == 1.0
+    # and it round-trips through get_config
+    restored = KerasLossScaleOptimizer.from_config(disabled.get_config())
+    assert restored.enabled is False and float(restored.loss_scale) == 1.0
 
 
 def test_static_scale_is_settable_and_counts_skips():

@@ -242,10 +242,8 @@ class KerasLossScaleOptimizer(keras.optimizers.Optimizer):
 
     # --------------------------------------------------------------------------- apply
     def apply(self, grads: Sequence[Any], trainable_variables: Sequence[Any] | None = None):
-        if not self.enabled:
-            self.inner_optimizer.apply(grads, trainable_variables)
-            return None
         if not self.built:
+            # Built even when disabled, so a saved file has the same variables either way.
             if trainable_variables is None:
                 raise ValueError(
                     "pass trainable_variables on the first apply() (or call "
@@ -253,6 +251,9 @@ class KerasLossScaleOptimizer(keras.optimizers.Optimizer):
                 )
             with keras_backend.name_scope(self.name, caller=self):
                 self.build(list(trainable_variables))
+        if not self.enabled:
+            self.inner_optimizer.apply(grads, trainable_variables)
+            return None
         grads = list(grads)
         variables = (
             list(trainable_variables)
