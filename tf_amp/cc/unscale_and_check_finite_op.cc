@@ -11,8 +11,8 @@
 //    arithmetic;
 //  * tf.sysconfig's flags carry no -mavx/-mf16c and GCC -O2 does not vectorise, so the hot loops
 //    live in unscale_kernels_cpu.h, compiled per instruction set and chosen at run time;
-//  * the tensors are cut into chunks of roughly equal bytes and spread over TensorFlow's intra-op
-//    thread pool, so one huge tensor and many small ones both use every core.
+//  * the tensors, laid end to end, are cut into units of equal bytes spread over TensorFlow's
+//    intra-op thread pool, so one huge tensor uses every core and many tiny ones cost one job.
 
 #include <algorithm>
 #include <atomic>
@@ -63,16 +63,60 @@ all_finite: true iff every element of every output is finite.
 
 namespace {
 
-// A contiguous run of elements of one tensor, the unit of parallel work.
-struct Chunk {
-  int tensor_index;
-  int64_t begin;
+// The gradients, laid end to end in one virtual byte range, are cut into units of equal size:
+// a unit may span many small tensors or a slice of one large tensor, so a ResNet's 214
+// tensors and a single 100 MB tensor both split into evenly sized jobs, and a list of tiny
+// tensors costs one job, not one per tensor.
+struct TensorSpan {
+  const void* in;
+  void* out;
+  DataType dtype;
+  int64_t element_bytes;
+  int64_t begin;  // virtual byte offset; a multiple of 8 so that unit cuts fall between elements
   int64_t end;
 };
 
-// About 256 KiB of input per chunk: large enough to amortise scheduling, small enough that one
+// About 256 KiB of input per unit: large enough to amortise scheduling, small enough that one
 // big tensor spreads over all threads.
-constexpr int64_t kChunkBytes = 256 * 1024;
+constexpr int64_t kUnitBytes = 256 * 1024;
+
+bool UnscaleElements(const CpuKernels& kernels, const TensorSpan& span, int64_t first,
+                     int64_t count, float inverse, double inverse_double) {
+  switch (span.dtype) {
+    case ::tensorflow::DT_FLOAT:
+      return kernels.unscale_float(static_cast<const float*>(span.in) + first,
+                                   static_cast<float*>(span.out) + first, count, inverse);
+    case ::tensorflow::DT_DOUBLE:
+      return kernels.unscale_double(static_cast<const double*>(span.in) + first,
+                                    static_cast<double*>(span.out) + first, count,
+                                    inverse_double);
+    case ::tensorflow::DT_HALF:
+      return kernels.unscale_half(static_cast<const uint16_t*>(span.in) + first,
+                                  static_cast<uint16_t*>(span.out) + first, count, inverse);
+    case ::tensorflow::DT_BFLOAT16:
+      return kernels.unscale_bfloat16(static_cast<const uint16_t*>(span.in) + first,
+                                      static_cast<uint16_t*>(span.out) + first, count, inverse);
+    default:  // The op's type constraint makes this unreachable.
+      return false;
+  }
+}
+
+// Unscales the virtual byte range [low, high); returns true if it saw a non-finite value.
+bool UnscaleByteRange(const CpuKernels& kernels, const std::vector<TensorSpan>& spans,
+                      int64_t low, int64_t high, float inverse, double inverse_double) {
+  auto span = std::upper_bound(spans.begin(), spans.end(), low,
+                               [](int64_t offset, const TensorSpan& s) { return offset < s.end; });
+  bool non_finite = false;
+  for (; span != spans.end() && span->begin < high; ++span) {
+    const int64_t first_byte = std::max(low, span->begin) - span->begin;
+    const int64_t last_byte = std::min(high, span->end) - span->begin;
+    if (last_byte <= first_byte) continue;
+    non_finite |= UnscaleElements(kernels, *span, first_byte / span->element_bytes,
+                                  (last_byte - first_byte) / span->element_bytes, inverse,
+                                  inverse_double);
+  }
+  return non_finite;
+}
 
 class UnscaleAndCheckFiniteCpuOp : public OpKernel {
  public:
@@ -87,72 +131,39 @@ class UnscaleAndCheckFiniteCpuOp : public OpKernel {
                     "TfAmpUnscaleAndCheckFinite: scale must be a scalar, got shape ",
                     scale_tensor.shape().DebugString()));
     const float scale = scale_tensor.scalar<float>()();
-    const float inverse_scale = 1.0f / scale;
-    const double inverse_scale_double = 1.0 / static_cast<double>(scale);
+    const float inverse = 1.0f / scale;
+    const double inverse_double = 1.0 / static_cast<double>(scale);
 
-    std::vector<const void*> inputs(num_grads);
-    std::vector<void*> outputs(num_grads);
-    std::vector<DataType> dtypes(num_grads);
-    std::vector<Chunk> chunks;
+    std::vector<TensorSpan> spans;
+    spans.reserve(num_grads);
+    int64_t total_bytes = 0;
     for (int i = 0; i < num_grads; ++i) {
       const Tensor& input = context->input(i);
       Tensor* output = nullptr;
       OP_REQUIRES_OK(context,
                      context->forward_input_or_allocate_output({i}, i, input.shape(), &output));
-      inputs[i] = input.data();
-      outputs[i] = output->data();
-      dtypes[i] = input.dtype();
-      const int64_t size = input.NumElements();
-      const int64_t chunk_elements =
-          std::max<int64_t>(64, kChunkBytes / ::tensorflow::DataTypeSize(input.dtype()));
-      for (int64_t begin = 0; begin < size; begin += chunk_elements) {
-        chunks.push_back({i, begin, std::min(size, begin + chunk_elements)});
-      }
+      const int64_t bytes = static_cast<int64_t>(input.TotalBytes());
+      if (bytes == 0) continue;
+      const int64_t begin = (total_bytes + 7) / 8 * 8;
+      spans.push_back({input.data(), output->data(), input.dtype(),
+                       ::tensorflow::DataTypeSize(input.dtype()), begin, begin + bytes});
+      total_bytes = begin + bytes;
     }
 
     std::atomic<bool> any_non_finite(false);
-    auto run_chunks = [&](int64_t first, int64_t last) {
-      bool non_finite = false;
-      for (int64_t c = first; c < last; ++c) {
-        const Chunk& chunk = chunks[c];
-        const int i = chunk.tensor_index;
-        const int64_t n = chunk.end - chunk.begin;
-        switch (dtypes[i]) {
-          case ::tensorflow::DT_FLOAT:
-            non_finite |= kernels_.unscale_float(
-                static_cast<const float*>(inputs[i]) + chunk.begin,
-                static_cast<float*>(outputs[i]) + chunk.begin, n, inverse_scale);
-            break;
-          case ::tensorflow::DT_DOUBLE:
-            non_finite |= kernels_.unscale_double(
-                static_cast<const double*>(inputs[i]) + chunk.begin,
-                static_cast<double*>(outputs[i]) + chunk.begin, n, inverse_scale_double);
-            break;
-          case ::tensorflow::DT_HALF:
-            non_finite |= kernels_.unscale_half(
-                static_cast<const uint16_t*>(inputs[i]) + chunk.begin,
-                static_cast<uint16_t*>(outputs[i]) + chunk.begin, n, inverse_scale);
-            break;
-          case ::tensorflow::DT_BFLOAT16:
-            non_finite |= kernels_.unscale_bfloat16(
-                static_cast<const uint16_t*>(inputs[i]) + chunk.begin,
-                static_cast<uint16_t*>(outputs[i]) + chunk.begin, n, inverse_scale);
-            break;
-          default:  // The op's type constraint makes this unreachable.
-            break;
-        }
-      }
+    const int64_t num_units = (total_bytes + kUnitBytes - 1) / kUnitBytes;
+    auto run_units = [&](int64_t first, int64_t last) {
+      const bool non_finite =
+          UnscaleByteRange(kernels_, spans, first * kUnitBytes,
+                           std::min(total_bytes, last * kUnitBytes), inverse, inverse_double);
       if (non_finite) any_non_finite.store(true, std::memory_order_relaxed);
     };
-
-    const int64_t num_chunks = static_cast<int64_t>(chunks.size());
-    if (num_chunks == 1) {
-      run_chunks(0, 1);
-    } else if (num_chunks > 1) {
-      // Cost per chunk in cycles, roughly: bytes in plus bytes out.
-      const int64_t cost_per_chunk = 2 * kChunkBytes;
+    if (num_units <= 1) {
+      run_units(0, num_units);  // one unit or none: not worth waking the thread pool
+    } else {
       auto* workers = context->device()->tensorflow_cpu_worker_threads()->workers;
-      ::tensorflow::Shard(workers->NumThreads(), workers, num_chunks, cost_per_chunk, run_chunks);
+      // Cost of a unit in cycles, roughly: reading and writing its bytes.
+      ::tensorflow::Shard(workers->NumThreads(), workers, num_units, 2 * kUnitBytes, run_units);
     }
 
     Tensor* all_finite = nullptr;
