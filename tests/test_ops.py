@@ -268,3 +268,25 @@ def test_native_requested_but_unavailable_raises():
         """,
         TF_AMP_FORCE_FALLBACK_OP="1",
     )
+
+
+def test_mixed_dtypes_spanning_many_work_units():
+    # Several MB of odd-sized tensors of every dtype: the CPU kernel cuts this virtual byte range
+    # into 256 KiB units that start and end inside tensors and span tensor boundaries.
+    rng = np.random.default_rng(11)
+    dtypes = [tf.float16, tf.float32, tf.bfloat16, tf.float64] * 4
+    sizes = [int(n) for n in rng.integers(1, 300_000, size=len(dtypes))]
+    grads = [tf.constant(rng.standard_normal(n) * 50.0, dtype=d) for n, d in
+             zip(sizes, dtypes, strict=True)]
+    unscaled, all_finite = ops.unscale_and_check_finite(grads, SCALE, use_native=True)
+    assert bool(all_finite.numpy()) is True
+    for grad, out in zip(grads, unscaled, strict=True):
+        assert_bitwise_equal(out, numpy_reference(grad.numpy(), grad.dtype, SCALE))
+
+    unit_elements = 256 * 1024 // 4  # a float32 tensor's first unit boundary, if it starts one
+    for target in range(len(grads)):
+        values = grads[target].numpy().copy()
+        values[min(unit_elements, values.size - 1)] = np.nan
+        poisoned = [*grads[:target], tf.constant(values), *grads[target + 1:]]
+        _, all_finite = ops.unscale_and_check_finite(poisoned, SCALE, use_native=True)
+        assert bool(all_finite.numpy()) is False, f"nan in tensor {target} missed"
