@@ -156,6 +156,27 @@ def test_excluded_name_scope_stays_float32() -> None:
     assert matmuls == {False: tf.float16.as_datatype_enum, True: tf.float32.as_datatype_enum}
 
 
+def test_keep_float32_block_stays_float32() -> None:
+    w = tf.Variable(tf.ones((8, 8)))
+
+    @tf_amp.function
+    def two_matmuls(t: tf.Tensor) -> tf.Tensor:
+        a = tf.matmul(t, w, name="converted")
+        with tf_amp.keep_float32():
+            b = tf.matmul(t, w, name="kept")
+        return a + b
+
+    out = two_matmuls(tf.ones((2, 8)))
+    (concrete,) = two_matmuls.concrete_functions()
+    matmuls = {
+        n.attr["_tf_amp_exclude"].b: n.attr["T"].type
+        for n in concrete.graph.as_graph_def().node
+        if n.op == "MatMul"
+    }
+    assert matmuls == {False: tf.float16.as_datatype_enum, True: tf.float32.as_datatype_enum}
+    np.testing.assert_allclose(out.numpy(), 16.0)
+
+
 def test_decorates_methods_with_one_cache_per_object() -> None:
     class Dense(tf.Module):
         def __init__(self) -> None:

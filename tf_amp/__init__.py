@@ -36,6 +36,7 @@ _LAZY_EXPORTS: dict[str, str] = {
     # running rewritten graphs
     "function": "tf_amp.runtime.function",
     "Session": "tf_amp.runtime.session",
+    "keep_float32": "tf_amp.runtime.function",
 }
 
 __all__ = sorted([*_LAZY_EXPORTS, "__version__"])

@@ -22,14 +22,15 @@ metrics therefore update in place, exactly as with the float32 function.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import tensorflow as tf
-from tensorflow.core.framework import graph_pb2
+from tensorflow.core.framework import attr_value_pb2, graph_pb2
 from tensorflow.python.eager import context
 from tensorflow.python.eager.polymorphic_function import concrete_function as cf_lib
 from tensorflow.python.eager.polymorphic_function import polymorphic_function as pf_lib
@@ -41,6 +42,7 @@ from tf_amp.runtime import _graphdef
 
 _LOG = logging.getLogger("tf_amp")
 _XLA_MUST_COMPILE = "_XlaMustCompile"
+_EXCLUDE_ATTR = "_tf_amp_exclude"
 
 
 def rebuild_concrete_function(
@@ -250,6 +252,26 @@ class Function:
 
     def _tf_kwargs(self) -> dict[str, Any]:
         return dict(self._tf_function_kwargs)
+
+
+@contextlib.contextmanager
+def keep_float32() -> Iterator[None]:
+    """Ops created inside this block are never converted (they carry ``_tf_amp_exclude``).
+
+    The node-attribute way to exclude a region, for code whose name scopes you do not control;
+    works in ``tf.function`` / ``tf_amp.function`` bodies, Keras layers called there, and TF1
+    graphs. (The name-scope way: ``RewriteConfig(exclude_scopes=...)`` or
+    ``TF_AMP_EXCLUDE_SCOPES``.)
+
+        with tf_amp.keep_float32():
+            logits = head(features)
+    """
+    graph = tf.compat.v1.get_default_graph()
+    if tf.executing_eagerly():
+        yield  # eager ops are not rewritten anyway
+        return
+    with graph._attr_scope({_EXCLUDE_ATTR: attr_value_pb2.AttrValue(b=True)}):  # noqa: SLF001
+        yield
 
 
 def function(
