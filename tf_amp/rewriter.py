@@ -19,6 +19,7 @@ directory is configured, ``graph_log``.
 
 from __future__ import annotations
 
+import gc
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -62,6 +63,19 @@ def rewrite_graph_def(
         inputs naming no node, wrong input counts). Nothing is returned half-done.
     """
     config = config if config is not None else RewriteConfig()
+    # The rewrite allocates millions of small lists on big graphs and frees them all at the
+    # end; Python's cyclic GC would rescan them again and again (20x time for 10x nodes).
+    # Nothing here creates reference cycles, so pausing it is safe and makes growth linear.
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _rewrite(graph_def, config)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+
+
+def _rewrite(graph_def: graph_pb2.GraphDef, config: RewriteConfig) -> RewriteResult:
     out = _copy_graph_def(graph_def)
     report = RewriteReport(
         target_dtype=config.target_dtype,
