@@ -8,6 +8,7 @@ knows which optimizer family it serves.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import tensorflow as tf
@@ -131,6 +132,26 @@ def floor_alarm(
     checks = [c for c in checks if c is not None]
     with tf.control_dependencies(checks):
         return tf.constant(True)
+
+
+def skip_branch(
+    policy: LossScale,
+    new_state: LossScaleState,
+    floor_warning_skips: int,
+    max_consecutive_skips: int | None,
+) -> Callable[[], tf.Tensor]:
+    """The false branch of the apply-or-skip cond: runs the floor alarm, touches nothing else.
+
+    Living inside the branch, the alarm's ops run only on skipped steps: a finite step pays for
+    one ``If`` and nothing more.
+    """
+
+    def skip() -> tf.Tensor:
+        alarm = floor_alarm(policy, new_state, floor_warning_skips, max_consecutive_skips)
+        with tf.control_dependencies([alarm] if alarm is not None else []):
+            return tf.constant(False)
+
+    return skip
 
 
 def write_summaries(scale: Any, skipped: Any, step: Any) -> None:

@@ -276,17 +276,18 @@ class KerasLossScaleOptimizer(keras.optimizers.Optimizer):
         unscaled = [u if r is not None else g for u, r, g in zip(unscaled, raw, grads, strict=True)]
         finite = _common.all_replicas_finite(finite)
 
-        self._apply_if_finite(finite, unscaled, trainable_variables)
         new_state = self._policy.adjust(state, finite)
+        self._apply_if_finite(finite, unscaled, trainable_variables, new_state)
         self._assign_state(new_state)
-        _common.floor_alarm(
-            self._policy, new_state, self.floor_warning_skips, self.max_consecutive_skips
-        )
         _common.write_summaries(new_state.scale, new_state.skipped_steps, self.iterations)
         return None
 
     def _apply_if_finite(
-        self, finite: tf.Tensor, grads: list[Any], trainable_variables: Sequence[Any] | None
+        self,
+        finite: tf.Tensor,
+        grads: list[Any],
+        trainable_variables: Sequence[Any] | None,
+        new_state: LossScaleState,
     ) -> None:
         """Runs the inner optimizer only when ``finite``; skipped steps touch nothing.
 
@@ -301,21 +302,29 @@ class KerasLossScaleOptimizer(keras.optimizers.Optimizer):
             inner_apply(grads, trainable_variables)
             return tf.constant(True)
 
+        def skip_fn(state: LossScaleState) -> Any:
+            return _common.skip_branch(
+                self._policy, state, self.floor_warning_skips, self.max_consecutive_skips
+            )
+
         if tf.__internal__.distribute.strategy_supports_no_merge_call():
-            tf.cond(finite, apply_fn, lambda: tf.constant(False))
+            tf.cond(finite, apply_fn, skip_fn(new_state))
             return
 
-        def cross_replica(distribution: Any, finite: Any, grads: Any, variables: Any) -> None:
+        def cross_replica(
+            distribution: Any, finite: Any, grads: Any, variables: Any, state: Any
+        ) -> None:
             first = distribution.experimental_local_results(finite)[0]
+            state = LossScaleState(*(distribution.experimental_local_results(x)[0] for x in state))
 
             def apply_each() -> tf.Tensor:
                 distribution.extended.call_for_each_replica(inner_apply, args=(grads, variables))
                 return tf.constant(True)
 
-            tf.cond(first, apply_each, lambda: tf.constant(False))
+            tf.cond(first, apply_each, skip_fn(state))
 
         tf.distribute.get_replica_context().merge_call(
-            cross_replica, args=(finite, grads, trainable_variables)
+            cross_replica, args=(finite, grads, trainable_variables, tuple(new_state))
         )
 
     def stateless_apply(self, optimizer_variables, grads, trainable_variables):

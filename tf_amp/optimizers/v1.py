@@ -235,20 +235,17 @@ class V1LossScaleOptimizer(_V1Optimizer):
             with tf.control_dependencies([ops] if ops is not None else []):
                 return tf.constant(True)
 
-        applied = tf.cond(finite, apply_fn, lambda: tf.constant(False))
-        state = self._state()
-        new_state = self._policy.adjust(state, finite)
+        new_state = self._policy.adjust(self._state(), finite)
+        skip_fn = _common.skip_branch(
+            self._policy, new_state, self.floor_warning_skips, self.max_consecutive_skips
+        )
+        applied = tf.cond(finite, apply_fn, skip_fn)
         with tf.control_dependencies([applied]):
             assigns = [
                 v.assign(tf.cast(x, v.dtype))
                 for v, x in zip(self._state_vars, new_state, strict=True)
             ]
         deps = [applied, *assigns]
-        alarm = _common.floor_alarm(
-            self._policy, new_state, self.floor_warning_skips, self.max_consecutive_skips
-        )
-        if alarm is not None:
-            deps.append(alarm)
         step = global_step if global_step is not None else tf.summary.experimental.get_step()
         if step is not None:
             _common.write_summaries(new_state.scale, new_state.skipped_steps, step)
