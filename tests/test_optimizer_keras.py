@@ -387,3 +387,18 @@ def test_jit_compiled_fit_uses_the_tf_path_and_still_skips():
             a.tobytes() == w.numpy().tobytes() for a, w in zip(initial, model.weights, strict=True)
         )
         assert unchanged == (skipped == 4)
+
+
+def test_mixed_float16_policy_does_not_wrap_it_a_second_time():
+    """compile() under mixed_float16 wraps optimizers that are not loss-scale optimizers."""
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy("mixed_float16")
+    try:
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        opt = tf_amp.LossScaleOptimizer(keras.optimizers.SGD(0.1), 2.0**4)
+        model.compile(optimizer=opt, loss="mse")
+        assert model.optimizer is opt
+        model.fit(np.ones((8, 3), "float32"), np.zeros((8, 1), "float32"), verbose=0)
+        assert int(opt.iterations) == 1 and float(opt.loss_scale) == 16.0
+    finally:
+        keras.config.set_dtype_policy(previous)

@@ -57,8 +57,13 @@ _STATE_FIELDS = LossScaleState._fields
 
 
 @keras.saving.register_keras_serializable(package="tf_amp")
-class KerasLossScaleOptimizer(keras.optimizers.Optimizer):
+class KerasLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     """Dynamic or static loss scaling around a Keras 3 optimizer.
+
+    It subclasses ``keras.optimizers.LossScaleOptimizer`` only so that Keras recognises it as
+    a loss-scale optimizer: ``compile`` under a ``mixed_float16`` policy would otherwise wrap it
+    in Keras's own and scale the loss twice. Every method Keras's class implements is replaced
+    here; none of its code runs.
 
     Args:
       inner_optimizer: the ``keras.optimizers.Optimizer`` that applies the unscaled gradients.
@@ -111,7 +116,8 @@ class KerasLossScaleOptimizer(keras.optimizers.Optimizer):
             raise ValueError(
                 f"max_consecutive_skips must be None or >= 1, got {max_consecutive_skips}"
             )
-        super().__init__(learning_rate=0.0, name=name)
+        # Skip keras.optimizers.LossScaleOptimizer.__init__ (its own scale and arguments).
+        super(keras.optimizers.LossScaleOptimizer, self).__init__(learning_rate=0.0, name=name)
         self.inner_optimizer = inner_optimizer
         self._policy = loss_scale_lib.get(loss_scale)
         self.enabled = bool(enabled)
@@ -135,7 +141,7 @@ class KerasLossScaleOptimizer(keras.optimizers.Optimizer):
                 )
             )
         self.inner_optimizer.build(var_list)
-        super().build(var_list)
+        super(keras.optimizers.LossScaleOptimizer, self).build(var_list)
 
     @property
     def variables(self) -> list[Any]:
