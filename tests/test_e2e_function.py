@@ -221,3 +221,25 @@ def test_checkpoints_are_interchangeable_with_float32(tmp_path) -> None:
     assert not np.any(amp_model.layers[-1].kernel.numpy())
     train_step(x, y)  # the cached rewritten step still trains the restored variables
     assert np.any(amp_model.layers[-1].kernel.numpy())
+
+
+def test_calling_convention_matches_tf_function() -> None:
+    """Defaults, keyword-only arguments, numpy inputs, nested outputs, no outputs."""
+    w = tf.Variable(tf.ones((4, 4)))
+
+    def g(x, scale=2.0, *, shift):  # noqa: ANN001, ANN202 - mirrors an untyped user function
+        return {"y": tf.matmul(x, w) * scale + shift, "none": None}
+
+    amp, ref = tf_amp.function(g), tf.function(g)
+    x = np.ones((2, 4), np.float32)
+    for kwargs in ({"shift": 1.0}, {"scale": 3.0, "shift": tf.constant(1.0)}):
+        got, want = amp(x, **kwargs), ref(x, **kwargs)
+        assert got["none"] is None
+        np.testing.assert_allclose(got["y"].numpy(), want["y"].numpy(), rtol=1e-3)
+
+    @tf_amp.function(input_signature=[tf.TensorSpec([None, 4], tf.float32)])
+    def update(t: tf.Tensor) -> None:
+        w.assign_add(tf.matmul(t, w)[:4] * 0.0 + 1.0)
+
+    assert update(tf.ones((4, 4))) is None
+    np.testing.assert_allclose(w.numpy(), 2.0)  # the side effect ran on the real variable

@@ -33,6 +33,7 @@ import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2, graph_pb2
 from tensorflow.python.eager import context
 from tensorflow.python.eager.polymorphic_function import concrete_function as cf_lib
+from tensorflow.python.eager.polymorphic_function import function_type_utils
 from tensorflow.python.eager.polymorphic_function import polymorphic_function as pf_lib
 from tensorflow.python.framework import func_graph as func_graph_lib
 from tensorflow.python.framework import importer, ops
@@ -229,7 +230,16 @@ class Function:
         return self._traced.experimental_get_tracing_count()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.get_concrete_function(*args, **kwargs)(*args, **kwargs)
+        # Canonicalise as tf.function does (defaults filled in, numpy -> tensors), then bind
+        # and flatten against the traced function type and call the rebuilt function flat.
+        traced = self._traced
+        bound = function_type_utils.canonicalize_function_inputs(
+            args, kwargs, traced._function_type, traced._default_values, traced._is_pure
+        )
+        args, kwargs = bound.args, bound.kwargs
+        rebuilt = self.get_concrete_function(*args, **kwargs)
+        flat = rebuilt.function_type.unpack_inputs(rebuilt.function_type.bind(*args, **kwargs))
+        return rebuilt._call_flat(flat, captured_inputs=rebuilt.captured_inputs)
 
     def __get__(self, instance: Any, owner: Any = None) -> Any:
         """Binds like a method, so ``@tf_amp.function`` works on methods (one cache per object)."""
