@@ -94,16 +94,76 @@ def measure(gd: graph_pb2.GraphDef, fetches: list[str], repeat: int) -> tuple[fl
     return ours, theirs
 
 
+def const_fold_experiment(repeat: int) -> None:
+    """Cast(Const) vs a half Const written by the rewrite, on a frozen CNN (weights = Consts).
+
+    Measures rewrite time, GraphDef bytes, first run (includes Grappler) and steady-state step
+    time, with Grappler's constant folding on (the default) and off.
+    """
+    import keras
+    from tensorflow.python.framework import convert_to_constants
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [
+            keras.Input((32, 32, 3)),
+            *[keras.layers.Conv2D(64, 3, padding="same", activation="relu") for _ in range(4)],
+            keras.layers.GlobalAveragePooling2D(),
+            keras.layers.Dense(10),
+        ]
+    )
+    fn = tf.function(lambda x: model(x, training=False))
+    concrete = fn.get_concrete_function(tf.TensorSpec((8, 32, 32, 3), tf.float32))
+    frozen = convert_to_constants.convert_variables_to_constants_v2(concrete)
+    gd = frozen.graph.as_graph_def()
+    feed, fetch = frozen.inputs[0].name, frozen.outputs[0].name
+    x = np.random.default_rng(0).standard_normal((8, 32, 32, 3)).astype(np.float32)
+    print("\nconst folding experiment (frozen 4-conv CNN, batch 8, 32x32):")
+    print(f"{'variant':<34}{'rewrite s':>10}{'bytes':>10}{'1st run s':>10}{'min step ms':>12}")
+    for fold in (False, True):
+        cfg = RewriteConfig(preserve_nodes={fetch.split(":")[0]}, fold_constant_casts=fold)
+        seconds = best_of(lambda cfg=cfg: rewrite_graph_def(gd, cfg), repeat)
+        out = rewrite_graph_def(gd, cfg).graph_def
+        for grappler_folding in (True, False):
+            graph = tf.Graph()
+            with graph.as_default():
+                tf.graph_util.import_graph_def(out, name="")
+            config = tf.compat.v1.ConfigProto()
+            if not grappler_folding:
+                off = config.graph_options.rewrite_options
+                off.constant_folding = off.OFF
+            with tf.compat.v1.Session(graph=graph, config=config) as sess:
+                start = time.perf_counter()
+                sess.run(fetch, {feed: x})
+                first = time.perf_counter() - start
+                steps = []
+                for _ in range(40):
+                    start = time.perf_counter()
+                    sess.run(fetch, {feed: x})
+                    steps.append(time.perf_counter() - start)
+            label = f"{'half Const' if fold else 'Cast(Const)'}, grappler folding " + (
+                "on" if grappler_folding else "off"
+            )
+            print(
+                f"{label:<34}{seconds:>10.4f}{out.ByteSize():>10}{first:>10.3f}"
+                f"{1000 * min(steps):>12.2f}"
+            )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-nodes", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--skip-real", action="store_true")
+    parser.add_argument("--const-fold", action="store_true", help="only the folding experiment")
     args = parser.parse_args(argv)
 
     import logging
 
     logging.getLogger("tf_amp").setLevel(logging.WARNING)
+    if args.const_fold:
+        const_fold_experiment(args.repeat)
+        return 0
     print("process CPU seconds, best of --repeat (1 at 1M nodes)")
     print(f"{'graph':<22}{'nodes':>9}{'ours s':>10}{'TF s':>10}{'ratio':>8}")
     if not args.skip_real:

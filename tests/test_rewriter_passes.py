@@ -61,7 +61,7 @@ def mlp() -> None:
 
 def test_allow_clear_infer_deny_colours_and_casts() -> None:
     gd = build(mlp)
-    result = rewrite_graph_def(gd)
+    result = rewrite_graph_def(gd, RewriteConfig(fold_constant_casts=False))
     out = result.graph_def
     assert dtype_of(out, "mm") == HALF
     assert dtype_of(out, "relu") == HALF
@@ -88,6 +88,35 @@ def test_allow_clear_infer_deny_colours_and_casts() -> None:
     np.testing.assert_allclose(got, want, rtol=1e-2)
 
 
+def test_const_read_only_by_half_ops_is_folded_to_a_half_const() -> None:
+    # w(Const) ─ MatMul      default: w itself becomes a half Const, no Cast node
+    gd = build(mlp)
+    result = rewrite_graph_def(gd)
+    out = result.graph_def
+    assert dtype_of(out, "w", "dtype") == HALF
+    assert node_value(out, "w").dtype == np.float16
+    assert new_casts(gd, out) == ["relu-0-CastToFp32-tf_amp", "x-0-CastToFp16-tf_amp"]
+    assert result.report.consts_folded == 1
+    x = np.linspace(-1, 1, 32, dtype=np.float32).reshape(4, 8)
+    np.testing.assert_allclose(run(out, "sum", {"x": x}), run(gd, "sum", {"x": x}), rtol=1e-2)
+    # a Const that a float32 op also reads is left alone (a Cast feeds the half reader)
+    both = build(lambda: (mlp(), tf.exp(tf.compat.v1.get_default_graph().get_tensor_by_name(
+        "w:0"), name="exp_w")))
+    out2 = rewrite_graph_def(both).graph_def
+    assert dtype_of(out2, "w", "dtype") == FLOAT
+    assert "w-0-CastToFp16-tf_amp" in new_casts(both, out2)
+    # preserved and name-preserving: never folded
+    out3 = rewrite_graph_def(gd, RewriteConfig(preserve_nodes={"w"})).graph_def
+    assert dtype_of(out3, "w", "dtype") == FLOAT
+    out4 = rewrite_graph_def(gd, RewriteConfig(preserve_names=True)).graph_def
+    assert dtype_of(out4, "w", "dtype") == FLOAT
+
+
+def node_value(gd: graph_pb2.GraphDef, name: str) -> np.ndarray:
+    node = next(n for n in gd.node if n.name == name)
+    return tf.make_ndarray(node.attr["value"].tensor)
+
+
 def test_infer_between_allow_ops_becomes_half() -> None:
     # x ─ MatMul ─ AddV2 ─ Tanh ─ MatMul ─ Identity(fetch)
     #     allow    infer   infer  allow
@@ -99,7 +128,8 @@ def test_infer_between_allow_ops_becomes_half() -> None:
         tf.identity(tf.matmul(h, w, name="mm2"), name="out")
 
     gd = build(graph)
-    result = rewrite_graph_def(gd, RewriteConfig(preserve_nodes={"out"}))
+    cfg = RewriteConfig(preserve_nodes={"out"}, fold_constant_casts=False)
+    result = rewrite_graph_def(gd, cfg)
     out = result.graph_def
     for name in ("mm1", "add", "tanh", "mm2"):
         assert dtype_of(out, name) == HALF, name
@@ -292,7 +322,8 @@ def test_bfloat16_target() -> None:
 def test_opt_levels(level: str, add: int, exp: int) -> None:
     # O1: lists; O2: every half-capable op except deny; O3: everything with a half kernel
     gd = build(mlp)
-    out = rewrite_graph_def(gd, RewriteConfig(opt_level=level)).graph_def
+    cfg = RewriteConfig(opt_level=level, fold_constant_casts=False)
+    out = rewrite_graph_def(gd, cfg).graph_def
     assert dtype_of(out, "mm") == HALF
     assert dtype_of(out, "add") == add
     assert dtype_of(out, "exp") == exp

@@ -125,8 +125,6 @@ def plan_and_apply(
             proto.attr[attr].list.type[elem] = target
         plan.type_attrs_converted += 1
 
-    # 2. casts at colour boundaries
-    casts: dict[tuple[int, int], str] = {}
     e_src, e_sport, e_dst, e_dport, e_text = (
         view.e_src,
         view.e_sport,
@@ -135,6 +133,15 @@ def plan_and_apply(
         view.e_text,
     )
     out_v, in_v = view.out_v, view.in_v
+
+    # 1b. optional: a float32 Const read only by half consumers becomes a half Const in place
+    folded: set[int] = set()
+    if fold_constant_casts and not preserve_names:
+        folded = _fold_consts_in_place(view, painting, target)
+        plan.consts_folded += len(folded)
+
+    # 2. casts at colour boundaries
+    casts: dict[tuple[int, int], str] = {}
     for k in range(len(e_src)):
         s, p, d, q = e_src[k], e_sport[k], e_dst[k], e_dport[k]
         svs = out_v[s]
@@ -148,7 +155,7 @@ def plan_and_apply(
                 _set_input(view, container, d, q, _graph_ref(renamed[s], p))
             if src_allow == dst_allow or src_allow:
                 continue  # float consumers keep "name:p": the Cast/IdentityN there is float
-        if src_allow == dst_allow:
+        if src_allow == dst_allow or s in folded:
             continue
         if not src_allow and sv < 0:
             dtype = view.port_dtype(s, p, output=True)
@@ -159,8 +166,7 @@ def plan_and_apply(
         if ref is None:
             src_text = _graph_ref(renamed[s], p) if s in renamed else e_text[k]
             ref = _add_cast(
-                view, plan, names, new_nodes, s, p, src_text, to_half=dst_allow,
-                target=target, fold=fold_constant_casts,
+                view, plan, names, new_nodes, s, p, src_text, to_half=dst_allow, target=target
             )
             casts[key] = ref
         _set_input(view, container, d, q, ref)
@@ -228,17 +234,11 @@ def _add_cast(
     src_text: str,
     to_half: bool,
     target: int,
-    fold: bool,
 ) -> str:
     src_op = view.ops[s]
     device = view.devices[s]
     if to_half:
         plan.casts_to_half_total += 1
-        if fold and src_op in CONST_OPS:
-            folded = _fold_const(view, names, new_nodes, s, target)
-            if folded is not None:
-                plan.consts_folded += 1
-                return folded
         if src_op not in CONST_OPS and src_op not in VARIABLE_OPS and not _reads_ref(view, s):
             plan.casts_to_half += 1
         base = f"{view.names[s]}-{p}-CastTo{_suffix(target)}-tf_amp"
@@ -252,34 +252,43 @@ def _add_cast(
     return f"{name}:y:0" if view.is_function else name
 
 
-def _fold_const(view: BodyView, names: _Names, new_nodes: Any, s: int, target: int) -> str | None:
-    """A half copy of a float32 Const (instead of a Cast); None if not foldable."""
-    proto = view.protos[s]
-    if proto is None or "value" not in proto.attr:
-        return None
-    try:
-        value = tensor_util.MakeNdarray(proto.attr["value"].tensor)
-    except Exception:  # noqa: BLE001 - unusual encodings: fall back to a Cast
-        return None
-    if value.dtype != np.float32:
-        return None
-    if target == DT_HALF:
-        half = value.astype(np.float16)
-    else:
-        from tensorflow.python.framework import dtypes
+def _fold_consts_in_place(view: BodyView, painting: Painting, target: int) -> set[int]:
+    """Float32 Consts whose every data consumer is half: rewrite their value to half.
 
-        half = value.astype(dtypes.bfloat16.as_numpy_dtype)
-    name = names.fresh(f"{view.names[s]}-ConstTo{_suffix(target)}-tf_amp")
-    node = new_nodes.add()
-    node.name = name
-    node.op = "Const"
-    if proto.device:
-        node.device = proto.device
-    node.attr["dtype"].type = target
-    node.attr["value"].tensor.CopyFrom(tensor_util.make_tensor_proto(half))
-    for text in proto.input:  # keep control dependencies of the original Const
-        node.input.append(text)
-    return f"{name}:output:0" if view.is_function else name
+    Saves the Cast op and half the constant's bytes in the GraphDef. Only Consts that nothing
+    float32 reads (and that are not preserved) qualify, so no reader sees a changed dtype.
+    """
+    colour = painting.colour
+    candidates: dict[int, bool] = {}
+    for k in range(len(view.e_src)):
+        s = view.e_src[k]
+        if view.ops[s] not in CONST_OPS or candidates.get(s) is False:
+            continue
+        dvs = view.in_v[view.e_dst[k]]
+        q = view.e_dport[k]
+        dv = dvs[q] if q < len(dvs) else -1
+        candidates[s] = candidates.get(s, True) and dv >= 0 and colour[dv] == ALLOW_C
+    folded: set[int] = set()
+    for s, all_half in candidates.items():
+        proto = view.protos[s]
+        if not all_half or painting.node_block[s] == "preserved":
+            continue
+        if proto.attr["dtype"].type != DT_FLOAT:
+            continue
+        try:
+            value = tensor_util.MakeNdarray(proto.attr["value"].tensor)
+        except Exception:  # noqa: BLE001 - unusual encodings: keep the Cast
+            continue
+        if target == DT_HALF:
+            half = value.astype(np.float16)
+        else:
+            from tensorflow.python.framework import dtypes
+
+            half = value.astype(dtypes.bfloat16.as_numpy_dtype)
+        proto.attr["dtype"].type = target
+        proto.attr["value"].tensor.CopyFrom(tensor_util.make_tensor_proto(half))
+        folded.add(s)
+    return folded
 
 
 def _reads_ref(view: BodyView, s: int) -> bool:

@@ -64,9 +64,11 @@ class RewriteConfig:
         allowed types are still checked).
       default_device_type: device type assumed for nodes with no device ("CPU" or "GPU").
       rewrite_functions: also rewrite every FunctionDef in the graph's library.
-      fold_constant_casts: give a float32 Const that only feeds half consumers... see
-        ``tf_amp.cast_planner``; off by default (Grappler's constant folding removes the
-        Cast at run time anyway, and the original Const stays fetchable).
+      fold_constant_casts: a float32 Const read only by half consumers becomes a half Const
+        in place instead of feeding a Cast (not in name-preserving mode, never for preserved
+        nodes). Measured (bench/rewrite_speed.py --const-fold, frozen 4-conv CNN): GraphDef
+        49% smaller, no Cast nodes, step time equal within noise (Grappler would fold the
+        Cast at run time anyway), rewrite +1 ms. It wins, so it is the default.
     """
 
     target_dtype: str = "float16"
@@ -81,7 +83,7 @@ class RewriteConfig:
     check_kernels: bool = True
     default_device_type: str = "CPU"
     rewrite_functions: bool = True
-    fold_constant_casts: bool = False
+    fold_constant_casts: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "preserve_nodes", frozenset(self.preserve_nodes))
