@@ -166,3 +166,15 @@ def test_enabled_false_and_errors():
     marked = tf_amp.enable_mixed_precision_graph_rewrite(v1.train.AdamOptimizer())
     tf_amp.disable_mixed_precision_graph_rewrite()
     assert isinstance(marked, V1LossScaleOptimizer) and marked._tf_amp_graph_rewrite
+
+
+def test_tape_recipe_with_get_scaled_loss_and_get_unscaled_gradients():
+    w = tf.Variable([2.0, -1.0])
+    opt = tf_amp.LossScaleOptimizer(v1.train.GradientDescentOptimizer(0.5), 2.0**10)
+    for bad in (1.0, np.inf):
+        with tf.GradientTape() as tape:
+            scaled = opt.get_scaled_loss(tf.reduce_sum(w * w) * bad)
+        grads = opt.get_unscaled_gradients(tape.gradient(scaled, [w]))
+        opt.apply_gradients(zip(grads, [w], strict=True))
+    np.testing.assert_array_equal(w.numpy(), [0.0, 0.0])  # w - 0.5 * 2w, then a skipped step
+    assert int(opt.skipped_steps) == 1

@@ -144,6 +144,17 @@ class V1LossScaleOptimizer(_V1Optimizer):
             return loss
         return self._policy.scale(loss, self._state())
 
+    def get_unscaled_gradients(self, grads: Sequence[Any]) -> list[Any]:
+        """Divides gradients of a ``get_scaled_loss`` loss by the scale (one fused op).
+
+        ``apply_gradients`` given exactly these tensors reuses their finite flag.
+        """
+        if not self.enabled:
+            return list(grads)
+        unscaled, finite = _common.unscale_and_check(list(grads), self._state().scale)
+        self._last_unscaled = (unscaled, finite)
+        return unscaled
+
     def compute_gradients(
         self,
         loss: Any,
