@@ -199,11 +199,14 @@ def report(fp32: RunResult, amp: RunResult, logdir: str, seed: int) -> None:
     print(f"rewrite: {amp.summary}")
     print(f"float16 ops in the executed train step: {amp.half_ops}")
     print(f"loss scale: {amp.loss_scale:g}   skipped steps: {amp.skipped_steps}")
-    print(f"rewritten graphs (before/after): {logdir}/seed{seed}/mixed/graphs")
+    graphs = f"{logdir}/seed{seed}/mixed/graphs"
+    print(f"rewritten graphs (before/after .pb/.pbtxt, decisions): {graphs}")
+    print(f"  what changed and why: tf-amp inspect {graphs}")
+    print(f"  graph view: tensorboard --logdir {graphs}/tensorboard")
     if tensorboard_available():
-        print(f"TensorBoard logs: tensorboard --logdir {logdir}")
+        print(f"TensorBoard training logs: tensorboard --logdir {logdir}")
     else:
-        print("TensorBoard logs: not written (pip install tensorboard to get them)")
+        print("TensorBoard training logs: not written (pip install tensorboard to get them)")
 
 
 def main(argv: list[str]) -> int:
