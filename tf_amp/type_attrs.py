@@ -208,8 +208,8 @@ class BodyView:
     v_node: list[int] = field(default_factory=list)
     v_attr: list[str] = field(default_factory=list)
     v_elem: list[int] = field(default_factory=list)
-    in_v: list[list[int]] = field(default_factory=list)  # node -> input port -> vertex / -1
-    out_v: list[list[int]] = field(default_factory=list)  # node -> output port -> vertex / -1
+    in_v: list[Sequence[int]] = field(default_factory=list)  # node -> input port -> vertex/-1
+    out_v: list[Sequence[int]] = field(default_factory=list)  # node -> output port -> vertex/-1
     fanin: list[list[int]] = field(default_factory=list)
     fanout: list[list[int]] = field(default_factory=list)
     # data edges (parallel lists) and the original input strings
@@ -249,6 +249,14 @@ class BodyView:
             return int(value.type)
         types = value.list.type
         return int(types[elem]) if elem < len(types) else UNKNOWN_DTYPE
+
+
+_NO_VERTICES: list[tuple[int, ...]] = [(-1,) * n for n in range(64)]
+
+
+def _no_vertices(n: int) -> tuple[int, ...]:
+    """A shared all -1 port map (read-only): most nodes have no float32 vertex."""
+    return _NO_VERTICES[n] if n < 64 else (-1,) * n
 
 
 def _attr_value(proto: Any, info: OpInfo | None, attr: str) -> Any:
@@ -369,8 +377,8 @@ def build_body_view(
         out_ports.append(outs)
         if not info.type_attrs and not info.list_type_attrs:
             node_sig.append(empty)
-            in_v.append([-1] * len(ins))
-            out_v.append([-1] * len(outs))
+            in_v.append(_no_vertices(len(ins)))
+            out_v.append(_no_vertices(len(outs)))
             continue
         attrs = proto.attr
         sig: list[Any] = []
@@ -399,8 +407,8 @@ def build_body_view(
             in_v.append([local.get((a, e), -1) if a else -1 for a, e, _ in ins])
             out_v.append([local.get((a, e), -1) if a else -1 for a, e, _ in outs])
         else:
-            in_v.append([-1] * len(ins))
-            out_v.append([-1] * len(outs))
+            in_v.append(_no_vertices(len(ins)))
+            out_v.append(_no_vertices(len(outs)))
     # ---- pseudo nodes for function args
     if is_function:
         for arg in fdef.signature.input_arg:
