@@ -31,6 +31,8 @@ from tf_amp.type_attrs import (
     BodyView,
 )
 
+EXCLUDE_ATTR = "_tf_amp_exclude"  # bool node attr: never convert this node
+
 # Casts fed by these are not counted as "casts to half", as TensorFlow counts: they are free
 # after constant folding, or unavoidable (variables are float32 master weights).
 CONST_OPS: frozenset[str] = frozenset({"Const", "HostConst"})
@@ -178,14 +180,18 @@ def plan_and_apply(
         plan.renamed[old] = new_name
         dtypes = out_dtypes[n]
         outs = out_v[n]
+        # The float32 view is marked excluded: a later rewrite (e.g. at O2) must not paint it.
         if len(outs) == 1:
-            _cast_node(new_nodes, old, new_name, target, DT_FLOAT, proto.device)
+            view_node = _cast_node(new_nodes, old, new_name, target, DT_FLOAT, proto.device)
+            view_node.attr[EXCLUDE_ATTR].b = True
             plan.casts_to_float += 1
             continue
         identity = new_nodes.add()
         identity.name = old
         identity.op = "IdentityN"
-        identity.device = proto.device
+        identity.attr[EXCLUDE_ATTR].b = True
+        if proto.device:
+            identity.device = proto.device
         for p, v in enumerate(outs):
             src = _graph_ref(new_name, p)
             if v >= 0 and colour[v] == ALLOW_C:

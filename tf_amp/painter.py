@@ -413,11 +413,14 @@ class Painter:
                 if cat != CAT_ALLOW:
                     continue
                 reason = R_ALLOW_LIST
-            elif level == "O2":
-                if cat == CAT_DENY:
-                    continue
-                reason = R_ALLOW_LIST if cat == CAT_ALLOW else R_FORCED_LEVEL
             else:
+                if level == "O2" and cat == CAT_DENY:
+                    continue
+                # Casts keep their meaning (a boundary) at every level: painting one end of
+                # a Cast would only move the boundary and, on a second rewrite, add another
+                # Cast. retarget_casts_to_half handles Casts whose readers are all half.
+                if cat != CAT_ALLOW and self.view.ops[self.view.v_node[v]] == "Cast":
+                    continue
                 reason = R_ALLOW_LIST if cat == CAT_ALLOW else R_FORCED_LEVEL
             if self._can_paint(v):
                 self._paint(v, ALLOW_C, reason)
