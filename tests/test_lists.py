@@ -152,6 +152,11 @@ def test_plain_config_never_reads_the_environment(monkeypatch: pytest.MonkeyPatc
     assert RewriteConfig.from_env().resolved_lists().category("MatMul") is None
 
 
+def test_preserve_nodes_accepts_tensor_names() -> None:
+    cfg = RewriteConfig(preserve_nodes={"loss:0", "^train", "out"})
+    assert cfg.preserve_nodes == frozenset({"loss", "train", "out"})
+
+
 def test_config_validates_fields() -> None:
     with pytest.raises(ValueError, match="opt_level"):
         RewriteConfig(opt_level="O4")

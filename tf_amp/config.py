@@ -86,7 +86,9 @@ class RewriteConfig:
     fold_constant_casts: bool = True
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "preserve_nodes", frozenset(self.preserve_nodes))
+        # Accept tensor names too ("loss:0", "^train"): preservation is per node.
+        nodes = frozenset(n.lstrip("^").split(":")[0] for n in self.preserve_nodes)
+        object.__setattr__(self, "preserve_nodes", nodes)
         object.__setattr__(self, "exclude_scopes", tuple(self.exclude_scopes))
         object.__setattr__(self, "level", self.level.upper())
         _check_choice("target_dtype", self.target_dtype, TARGET_DTYPES)
