@@ -77,7 +77,7 @@ def dynamic_policies(draw):
 def test_dynamic_matches_reference_model(policy, finite_seq):
     rows = run_policy(tf.constant(finite_seq), policy.initial_state(), policy).numpy()
     assert as_tuples(rows) == reference_dynamic(policy, finite_seq)
-    assert all(policy.min_scale <= r[0] <= np.float32(policy.max_scale) for r in rows)
+    assert all(np.float32(policy.min_scale) <= r[0] <= np.float32(policy.max_scale) for r in rows)
 
 
 @settings(max_examples=20, deadline=None)

@@ -70,12 +70,34 @@ class LossScale(abc.ABC):
         """The scale at step 0."""
 
     @abc.abstractmethod
+    def after_finite(self, state: LossScaleState) -> LossScaleState:
+        """The state after a step whose gradients were all finite (the step was applied).
+
+        Fields that do not change are returned as the very objects passed in, so a caller
+        holding variables can skip writing them.
+        """
+
+    @abc.abstractmethod
+    def after_skip(self, state: LossScaleState) -> LossScaleState:
+        """The state after a step with a non-finite gradient (the step was skipped)."""
+
     def adjust(self, state: LossScaleState, grads_finite: Any) -> LossScaleState:
         """Returns the state after one step whose gradients were finite or not.
 
         Built from TF ops only (``tf.where``, no Python branching on tensor values), so it works
-        eagerly, inside ``tf.function`` and inside a ``tf.cond`` branch, with no host sync.
+        eagerly, inside ``tf.function`` and inside a ``tf.cond`` branch, with no host sync. The
+        optimizers instead call ``after_finite`` / ``after_skip`` inside the two branches of
+        their apply-or-skip cond, which is the same function split in two (fewer ops per step).
         """
+        finite = tf.convert_to_tensor(grads_finite, tf.bool)
+        state = LossScaleState(_f32(state.scale), *(_i64(x) for x in state[1:]))
+        applied, skipped = self.after_finite(state), self.after_skip(state)
+        return LossScaleState(
+            *(
+                tf.where(finite, tf.cast(a, old.dtype), tf.cast(b, old.dtype))
+                for a, b, old in zip(applied, skipped, state, strict=True)
+            )
+        )
 
     @abc.abstractmethod
     def get_config(self) -> dict[str, Any]:
@@ -99,13 +121,6 @@ class LossScale(abc.ABC):
         if value.dtype in (tf.float16, tf.bfloat16):
             value = tf.cast(value, tf.float32)
         return value * tf.cast(state.scale, value.dtype)
-
-    @staticmethod
-    def _count_step(state: LossScaleState, finite: tf.Tensor) -> tuple[tf.Tensor, ...]:
-        one, zero = _i64(1), _i64(0)
-        skipped = state.skipped_steps + tf.where(finite, zero, one)
-        consecutive = tf.where(finite, zero, state.consecutive_skips + one)
-        return skipped, consecutive
 
     def __eq__(self, other: object) -> bool:
         return type(self) is type(other) and self.get_config() == other.get_config()
@@ -140,11 +155,18 @@ class StaticLossScale(LossScale):
     def initial_scale(self) -> float:
         return self._scale
 
-    def adjust(self, state: LossScaleState, grads_finite: Any) -> LossScaleState:
-        finite = tf.convert_to_tensor(grads_finite, tf.bool)
-        skipped, consecutive = self._count_step(state, finite)
-        good = tf.where(finite, state.good_steps + 1, _i64(0))
-        return LossScaleState(_f32(state.scale), good, skipped, consecutive, _i64(0))
+    def after_finite(self, state: LossScaleState) -> LossScaleState:
+        zero = _i64(0)
+        return LossScaleState(state.scale, state.good_steps + 1, state.skipped_steps, zero, zero)
+
+    def after_skip(self, state: LossScaleState) -> LossScaleState:
+        return LossScaleState(
+            state.scale,
+            _i64(0),
+            state.skipped_steps + 1,
+            state.consecutive_skips + 1,
+            state.floor_skips,
+        )
 
     def get_config(self) -> dict[str, Any]:
         return {"scale": self._scale}
@@ -238,23 +260,31 @@ class DynamicLossScale(LossScale):
     def max_scale(self) -> float:
         return self._max_scale
 
-    def adjust(self, state: LossScaleState, grads_finite: Any) -> LossScaleState:
-        finite = tf.convert_to_tensor(grads_finite, tf.bool)
+    def after_finite(self, state: LossScaleState) -> LossScaleState:
         scale = _f32(state.scale)
-        min_scale, max_scale = _f32(self._min_scale), _f32(self._max_scale)
-        skipped, consecutive = self._count_step(state, finite)
-
         good = state.good_steps + 1
-        grow = finite & (good >= self._growth_interval)
-        grown = tf.minimum(scale * self._growth_factor, max_scale)
-        shrunk = tf.maximum(scale * self._backoff_factor, min_scale)
-        new_scale = tf.where(finite, tf.where(grow, grown, scale), shrunk)
-        new_good = tf.where(finite & ~grow, good, _i64(0))
-        at_floor_skip = ~finite & (scale <= min_scale)
-        floor_skips = tf.where(
-            at_floor_skip, state.floor_skips + 1, tf.where(finite, _i64(0), state.floor_skips)
+        grow = good >= self._growth_interval
+        grown = tf.minimum(scale * self._growth_factor, _f32(self._max_scale))
+        zero = _i64(0)
+        return LossScaleState(
+            tf.where(grow, grown, scale),
+            tf.where(grow, zero, good),
+            state.skipped_steps,
+            zero,
+            zero,
         )
-        return LossScaleState(new_scale, new_good, skipped, consecutive, floor_skips)
+
+    def after_skip(self, state: LossScaleState) -> LossScaleState:
+        scale = _f32(state.scale)
+        min_scale = _f32(self._min_scale)
+        floor_skips = state.floor_skips + tf.cast(scale <= min_scale, _COUNTER_DTYPE)
+        return LossScaleState(
+            tf.maximum(scale * self._backoff_factor, min_scale),
+            _i64(0),
+            state.skipped_steps + 1,
+            state.consecutive_skips + 1,
+            floor_skips,
+        )
 
     def get_config(self) -> dict[str, Any]:
         return {

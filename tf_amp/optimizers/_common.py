@@ -8,7 +8,7 @@ knows which optimizer family it serves.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import tensorflow as tf
@@ -134,24 +134,57 @@ def floor_alarm(
         return tf.constant(True)
 
 
-def skip_branch(
+def read_state(variables: Sequence[Any]) -> LossScaleState:
+    """Reads every state variable once, before the cond.
+
+    Reading up front orders all reads before the writes in the branches even where no
+    automatic control dependencies exist (a TF1 graph), and the branches then skip writing
+    fields the policy returns unchanged (``is`` the tensor read here).
+    """
+    return LossScaleState(*(tf.convert_to_tensor(v) for v in variables))
+
+
+def apply_or_skip(
+    finite: tf.Tensor,
+    apply_inner: Callable[[], Any],
     policy: LossScale,
-    new_state: LossScaleState,
+    variables: Sequence[Any],
+    state: LossScaleState,
     floor_warning_skips: int,
     max_consecutive_skips: int | None,
-) -> Callable[[], tf.Tensor]:
-    """The false branch of the apply-or-skip cond: runs the floor alarm, touches nothing else.
+) -> tf.Tensor:
+    """One ``tf.cond``: apply the inner optimizer and ``after_finite``, or ``after_skip``.
 
-    Living inside the branch, the alarm's ops run only on skipped steps: a finite step pays for
-    one ``If`` and nothing more.
+    Each branch does only its own half of the state update and the floor alarm lives in the
+    skip branch, so a finite step costs one ``If``, the inner update and a few scalar ops.
+    Returns the cond's boolean output (true when applied) to hang dependencies on.
     """
 
-    def skip() -> tf.Tensor:
-        alarm = floor_alarm(policy, new_state, floor_warning_skips, max_consecutive_skips)
-        with tf.control_dependencies([alarm] if alarm is not None else []):
+    def write(new: LossScaleState) -> list[Any]:
+        ops = []
+        for variable, value, old in zip(variables, new, state, strict=True):
+            if value is not old:
+                ops.append(variable.assign(tf.cast(value, variable.dtype), read_value=False))
+        return [op for op in ops if op is not None]
+
+    def on_finite() -> tf.Tensor:
+        applied = apply_inner()
+        deps = write(policy.after_finite(state))
+        if applied is not None:
+            deps.append(applied)
+        with tf.control_dependencies(deps):
+            return tf.constant(True)
+
+    def on_skip() -> tf.Tensor:
+        new = policy.after_skip(state)
+        deps = write(new)
+        alarm = floor_alarm(policy, new, floor_warning_skips, max_consecutive_skips)
+        if alarm is not None:
+            deps.append(alarm)
+        with tf.control_dependencies(deps):
             return tf.constant(False)
 
-    return skip
+    return tf.cond(finite, on_finite, on_skip)
 
 
 def write_summaries(scale: Any, skipped: Any, step: Any) -> None:

@@ -150,10 +150,6 @@ class KerasLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     def _state(self) -> LossScaleState:
         return LossScaleState(*(v.value for v in self._state_vars))
 
-    def _assign_state(self, state: LossScaleState) -> None:
-        for variable, value in zip(self._state_vars, state, strict=True):
-            variable.assign(tf.cast(value, variable.dtype))
-
     @property
     def loss_scale_policy(self) -> LossScale:
         """The ``tf_amp.LossScale`` (static or dynamic) that moves the scale."""
@@ -271,7 +267,8 @@ class KerasLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
 
         already = self._grads_already_unscaled
         self._grads_already_unscaled = False
-        state = self._state()
+        state_vars = [v.value for v in self._state_vars]
+        state = _common.read_state(state_vars)
         raw = [
             None if g is None or self._overwrite_variable_with_gradient(v) else g
             for g, v in zip(grads, variables, strict=True)
@@ -282,10 +279,9 @@ class KerasLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         unscaled = [u if r is not None else g for u, r, g in zip(unscaled, raw, grads, strict=True)]
         finite = _common.all_replicas_finite(finite)
 
-        new_state = self._policy.adjust(state, finite)
-        self._apply_if_finite(finite, unscaled, trainable_variables, new_state)
-        self._assign_state(new_state)
-        _common.write_summaries(new_state.scale, new_state.skipped_steps, self.iterations)
+        done = self._apply_if_finite(finite, unscaled, trainable_variables, state_vars, state)
+        with tf.control_dependencies([done] if done is not None else []):
+            _common.write_summaries(state_vars[0], state_vars[2], self.iterations)
         return None
 
     def _apply_if_finite(
@@ -293,8 +289,9 @@ class KerasLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         finite: tf.Tensor,
         grads: list[Any],
         trainable_variables: Sequence[Any] | None,
-        new_state: LossScaleState,
-    ) -> None:
+        state_vars: list[Any],
+        state: LossScaleState,
+    ) -> tf.Tensor | None:
         """Runs the inner optimizer only when ``finite``; skipped steps touch nothing.
 
         Strategies that need ``merge_call`` (MirroredStrategy) cannot run a cond whose branch
@@ -303,35 +300,35 @@ class KerasLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         replicas (``all_replicas_finite``), so taking the first local value is exact.
         """
         inner_apply = self.inner_optimizer.apply
-
-        def apply_fn() -> tf.Tensor:
-            inner_apply(grads, trainable_variables)
-            return tf.constant(True)
-
-        def skip_fn(state: LossScaleState) -> Any:
-            return _common.skip_branch(
-                self._policy, state, self.floor_warning_skips, self.max_consecutive_skips
-            )
+        policy, warn, max_skips = self._policy, self.floor_warning_skips, self.max_consecutive_skips
 
         if tf.__internal__.distribute.strategy_supports_no_merge_call():
-            tf.cond(finite, apply_fn, skip_fn(new_state))
-            return
+            return _common.apply_or_skip(
+                finite,
+                lambda: inner_apply(grads, trainable_variables),
+                policy,
+                state_vars,
+                state,
+                warn,
+                max_skips,
+            )
 
-        def cross_replica(
-            distribution: Any, finite: Any, grads: Any, variables: Any, state: Any
-        ) -> None:
+        def cross_replica(distribution: Any, finite: Any, grads: Any, variables: Any) -> None:
             first = distribution.experimental_local_results(finite)[0]
-            state = LossScaleState(*(distribution.experimental_local_results(x)[0] for x in state))
 
-            def apply_each() -> tf.Tensor:
+            def apply_each() -> None:
                 distribution.extended.call_for_each_replica(inner_apply, args=(grads, variables))
-                return tf.constant(True)
 
-            tf.cond(first, apply_each, skip_fn(state))
+            # Read again here: values are identical on all replicas, and this context owns them.
+            local_state = _common.read_state(state_vars)
+            _common.apply_or_skip(
+                first, apply_each, policy, state_vars, local_state, warn, max_skips
+            )
 
         tf.distribute.get_replica_context().merge_call(
-            cross_replica, args=(finite, grads, trainable_variables, tuple(new_state))
+            cross_replica, args=(finite, grads, trainable_variables)
         )
+        return None
 
     def stateless_apply(self, optimizer_variables, grads, trainable_variables):
         raise NotImplementedError(

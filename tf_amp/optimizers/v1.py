@@ -238,31 +238,29 @@ class V1LossScaleOptimizer(_V1Optimizer):
         finite = distribution.experimental_local_results(finite)[0]
         inner_apply: Callable[..., Any] = self._inner.apply_gradients
 
-        def apply_fn() -> tf.Tensor:
+        def apply_fn() -> Any:
             per_replica = distribution.extended.call_for_each_replica(
                 inner_apply, args=(grads_and_vars, global_step, name)
             )
-            ops = distribution.group(per_replica) if per_replica is not None else None
-            with tf.control_dependencies([ops] if ops is not None else []):
-                return tf.constant(True)
+            return distribution.group(per_replica) if per_replica is not None else None
 
-        new_state = self._policy.adjust(self._state(), finite)
-        skip_fn = _common.skip_branch(
-            self._policy, new_state, self.floor_warning_skips, self.max_consecutive_skips
+        state = _common.read_state(self._state_vars)
+        applied = _common.apply_or_skip(
+            finite,
+            apply_fn,
+            self._policy,
+            self._state_vars,
+            state,
+            self.floor_warning_skips,
+            self.max_consecutive_skips,
         )
-        applied = tf.cond(finite, apply_fn, skip_fn)
-        with tf.control_dependencies([applied]):
-            assigns = [
-                v.assign(tf.cast(x, v.dtype))
-                for v, x in zip(self._state_vars, new_state, strict=True)
-            ]
-        deps = [applied, *assigns]
         step = global_step if global_step is not None else tf.summary.experimental.get_step()
         if step is not None:
-            _common.write_summaries(new_state.scale, new_state.skipped_steps, step)
+            with tf.control_dependencies([applied]):
+                _common.write_summaries(self._state_vars[0], self._state_vars[2], step)
         if tf.executing_eagerly():
             return None
-        return tf.group(*deps, name=name or "apply_loss_scaled_gradients")
+        return tf.group(applied, name=name or "apply_loss_scaled_gradients")
 
     # The v1 base class asks subclasses for these; every call goes to the inner optimizer.
     def _apply_dense(self, grad: Any, var: Any) -> Any:  # pragma: no cover - not reached
