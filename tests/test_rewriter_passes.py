@@ -233,6 +233,31 @@ def test_fused_batch_norm_v3_t_half_u_stays_float() -> None:
     assert result.report.decision_for("bn", "U").reason.startswith("no float16")
 
 
+def test_fused_batch_norm_v1_is_upgraded_to_v2_so_x_can_be_half() -> None:
+    # Conv2D ─ FusedBatchNorm(V1: T float-only) ─ Relu ─ Conv2D
+    #          becomes FusedBatchNormV2: T H, U F
+    def graph() -> None:
+        x = v1.placeholder(tf.float32, [1, 4, 4, 2], name="x")
+        k = tf.ones([1, 1, 2, 2], name="k")
+        c = tf.nn.conv2d(x, k, 1, "SAME", name="conv")
+        y = tf.raw_ops.FusedBatchNorm(
+            x=c, scale=tf.ones([2]), offset=tf.zeros([2]), mean=tf.zeros([2]),
+            variance=tf.ones([2]), is_training=False, name="bn",
+        )[0]
+        tf.nn.conv2d(tf.nn.relu(y, name="relu"), k, 1, "SAME", name="conv2")
+
+    gd = build(graph)
+    out = rewrite_graph_def(gd).graph_def
+    bn = next(n for n in out.node if n.name == "bn")
+    assert bn.op == "FusedBatchNormV2"
+    assert bn.attr["T"].type == HALF and bn.attr["U"].type == FLOAT
+    x = np.linspace(-1, 1, 32, dtype=np.float32).reshape(1, 4, 4, 2)
+    np.testing.assert_allclose(run(out, "conv2", {"x": x}), run(gd, "conv2", {"x": x}),
+                               rtol=1e-2, atol=1e-2)
+    preserved = rewrite_graph_def(gd, RewriteConfig(preserve_nodes={"bn"})).graph_def
+    assert next(n for n in preserved.node if n.name == "bn").op == "FusedBatchNorm"
+
+
 def test_identity_n_elements_are_separate_vertices() -> None:
     # x ─ MatMul ─┐                  element 0: H (clear, next to MatMul)
     # y ─ Exp ────┴ IdentityN ─ ...  element 1: F

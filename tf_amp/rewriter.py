@@ -32,6 +32,7 @@ from tf_amp.painter import Painter
 from tf_amp.report import BodyRecord, RewriteReport
 from tf_amp.type_attrs import (
     DT_BFLOAT16,
+    DT_FLOAT,
     DT_HALF,
     GraphRewriteError,
     OpInfo,
@@ -101,6 +102,7 @@ def _rewrite(graph_def: graph_pb2.GraphDef, config: RewriteConfig) -> RewriteRes
     views = []
     for name, container, fdef in bodies:
         nodes = fdef.node_def if fdef is not None else container.node
+        _upgrade_batch_norms(nodes, config.preserve_nodes if not name else frozenset())
         try:
             views.append(build_body_view(nodes, functions, fdef))
         except GraphRewriteError as err:
@@ -136,12 +138,32 @@ def _rewrite(graph_def: graph_pb2.GraphDef, config: RewriteConfig) -> RewriteRes
         if name and plan.type_attrs_converted:
             report.functions_rewritten += 1
 
+    if not report.changed:
+        out = _copy_graph_def(graph_def)  # "nothing to do" returns the input, byte for byte
     _log(report)
     if config.log_dir:
         from tf_amp.graph_log import write_rewrite_logs
 
         write_rewrite_logs(config.log_dir, graph_def, out, report)
     return RewriteResult(out, report)
+
+
+_BATCH_NORM_V2 = {
+    "FusedBatchNorm": "FusedBatchNormV2",
+    "FusedBatchNormGrad": "FusedBatchNormGradV2",
+}
+
+
+def _upgrade_batch_norms(nodes: Any, preserve: frozenset[str]) -> None:
+    """FusedBatchNorm(Grad) V1 only allows float32 for T; V2 is the same op with a separate
+    ``U`` for the statistics, so x/y can turn half while mean/variance stay float32 (what
+    TensorFlow's pass does too). Preserved nodes keep their op."""
+    for node in nodes:
+        new_op = _BATCH_NORM_V2.get(node.op)
+        if new_op is None or node.name in preserve:
+            continue
+        node.op = new_op
+        node.attr["U"].type = DT_FLOAT
 
 
 def _copy_graph_def(graph_def: Any) -> graph_pb2.GraphDef:
