@@ -402,3 +402,18 @@ def test_mixed_float16_policy_does_not_wrap_it_a_second_time():
         assert int(opt.iterations) == 1 and float(opt.loss_scale) == 16.0
     finally:
         keras.config.set_dtype_policy(previous)
+
+
+def test_fit_with_a_growing_scale_trains_exactly_like_the_inner_optimizer():
+    """Power-of-two scales make scaling exact: the scale doubling every step must not show."""
+    weights = []
+    for wrap in (False, True):
+        model, (x, y) = tiny_model(), data()
+        opt = keras.optimizers.SGD(0.1)
+        if wrap:
+            opt = tf_amp.LossScaleOptimizer(opt, DynamicLossScale(2.0, growth_interval=1))
+        model.compile(optimizer=opt, loss="mse")
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False)
+        weights.append([w.numpy() for w in model.weights])
+    assert float(opt.loss_scale) == 2.0**5
+    assert bit_equal(*weights)

@@ -54,7 +54,8 @@ def _i64(value: Any) -> tf.Tensor:
 
 
 class LossScale(abc.ABC):
-    """A loss-scale policy: ``initial_state()`` and ``adjust(state, grads_finite)``.
+    """A loss-scale policy: ``initial_state()``, ``scale(loss, state)`` and the transition,
+    ``adjust(state, grads_finite)`` = ``after_finite(state)`` or ``after_skip(state)``.
 
     Subclasses are immutable value objects; equality and ``get_config`` describe them fully.
     """
