@@ -78,6 +78,10 @@ class OpInfo:
     static_in: tuple[Port, ...] | None = None  # layout when no node attr affects it
     static_out: tuple[Port, ...] | None = None
     out_arg_offsets_static: dict[str, int] | None = None
+    # Fast path for the common shape: one "type" attr, no list attrs, static layout.
+    single_attr: str = ""
+    single_in_pos: tuple[int, ...] = ()
+    single_out_pos: tuple[int, ...] = ()
 
 
 _OP_INFO_CACHE: dict[str, OpInfo | None] = {}
@@ -132,6 +136,14 @@ def _make_op_info(name: str, op_def: Any, is_function: bool) -> OpInfo:
     offsets = None
     if static_out is not None:
         offsets = {a.name: i for i, a in enumerate(out_args)}
+    static_in = _static_layout(in_args)
+    single_attr = ""
+    in_pos: tuple[int, ...] = ()
+    out_pos: tuple[int, ...] = ()
+    if len(type_attrs) == 1 and not list_type_attrs and None not in (static_in, static_out):
+        single_attr = type_attrs[0]
+        in_pos = tuple(i for i, port in enumerate(static_in or ()) if port[0] == single_attr)
+        out_pos = tuple(i for i, port in enumerate(static_out or ()) if port[0] == single_attr)
     return OpInfo(
         name=name,
         in_args=in_args,
@@ -143,9 +155,12 @@ def _make_op_info(name: str, op_def: Any, is_function: bool) -> OpInfo:
         is_function=is_function,
         touches_state=touches,
         has_func_attr=has_func_attr,
-        static_in=_static_layout(in_args),
+        static_in=static_in,
         static_out=static_out,
         out_arg_offsets_static=offsets,
+        single_attr=single_attr,
+        single_in_pos=in_pos,
+        single_out_pos=out_pos,
     )
 
 
@@ -257,6 +272,27 @@ _NO_VERTICES: list[tuple[int, ...]] = [(-1,) * n for n in range(64)]
 def _no_vertices(n: int) -> tuple[int, ...]:
     """A shared all -1 port map (read-only): most nodes have no float32 vertex."""
     return _NO_VERTICES[n] if n < 64 else (-1,) * n
+
+
+_SIG1: dict[int, tuple[int]] = {}
+
+
+def _sig1(dtype: int) -> tuple[int]:
+    """Shared one-element signature tuples (one per dtype, not one per node)."""
+    sig = _SIG1.get(dtype)
+    if sig is None:
+        sig = _SIG1[dtype] = (dtype,)
+    return sig
+
+
+def _ports_of(n: int, positions: tuple[int, ...], v: int) -> list[int]:
+    """Port -> vertex map for a single-attr node: ``v`` at ``positions``, -1 elsewhere."""
+    if len(positions) == n:
+        return [v] * n
+    ports = [-1] * n
+    for p in positions:
+        ports[p] = v
+    return ports
 
 
 def _attr_value(proto: Any, info: OpInfo | None, attr: str) -> Any:
@@ -381,6 +417,24 @@ def build_body_view(
             out_v.append(_no_vertices(len(outs)))
             continue
         attrs = proto.attr
+        single = info.single_attr
+        if single:
+            value = attrs.get(single)
+            if value is None:
+                value = info.defaults.get(single)
+            dtype = value.type if value is not None else 0
+            node_sig.append(_sig1(dtype))
+            if dtype != DT_FLOAT:
+                in_v.append(_no_vertices(len(ins)))
+                out_v.append(_no_vertices(len(outs)))
+                continue
+            v = len(v_node)
+            v_node.append(i)
+            v_attr.append(single)
+            v_elem.append(-1)
+            in_v.append(_ports_of(len(ins), info.single_in_pos, v))
+            out_v.append(_ports_of(len(outs), info.single_out_pos, v))
+            continue
         sig: list[Any] = []
         local: dict[tuple[str, int], int] = {}
         for name in info.type_attrs:
