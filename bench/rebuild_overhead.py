@@ -6,12 +6,13 @@ rewrite of the main graph and every library function, and the import into a fres
 bound to the original variables. Measured on a ResNet-50 train step (Keras 3, loss-scaled SGD),
 against a plain ``tf.function`` trace of the same step in the same run. Goal: <= 1.5x.
 
-    python bench/rebuild_overhead.py                # ResNet-50, 3 repeats
+    python bench/rebuild_overhead.py                # ResNet-50, 5 repeats
     python bench/rebuild_overhead.py --repeats 1 --image_size 32
 
 Only traces are timed (``get_concrete_function``); nothing is executed, so the input size does
-not matter much. Each repeat traces fresh function objects (nothing cached between repeats);
-the figure reported is the ratio of the medians.
+not matter much. Each repeat traces fresh function objects (nothing cached between repeats),
+alternating the order; the headline ratio uses the best of N of each (noise on a shared
+machine only adds time), medians are printed beside.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from absl import app, flags  # noqa: E402
 
 FLAGS = flags.FLAGS
-flags.DEFINE_integer("repeats", 3, "Traces per variant (fresh function objects each time).")
+flags.DEFINE_integer("repeats", 5, "Traces per variant (fresh function objects each time).")
 flags.DEFINE_integer("image_size", 64, "Input height and width.")
 flags.DEFINE_integer("batch", 8, "Batch size of the traced signature.")
 flags.DEFINE_float("goal", 1.5, "Target ratio (tf_amp first call / plain trace).")
@@ -123,26 +124,33 @@ def main(argv: list[str]) -> int:
             plain.append(time_plain(step, spec))
             runs.append(time_amp(step, spec))
 
+    def best(key: str) -> float:
+        return min(r[key] for r in runs)
+
     def median(key: str) -> float:
         return statistics.median(r[key] for r in runs)
 
-    p, total = statistics.median(plain), median("total")
+    # Best-of-N: on a shared machine, noise only ever adds time, so the minimum is the
+    # estimate of the work itself; medians are printed beside it.
+    p, total = min(plain), best("total")
     ratio = total / p
+    added = (p + best("rebuild")) / p  # same trace work, plus what tf_amp adds
     print(
         f"ResNet-50 train step, batch {FLAGS.batch}, {FLAGS.image_size}x{FLAGS.image_size}, "
-        f"{FLAGS.repeats} repeat(s), medians"
+        f"{FLAGS.repeats} repeat(s): best (median)"
     )
     print(f"  rewrite: {runs[-1]['summary']}")
-    print(f"  plain tf.function trace:               {p:7.2f} s")
-    print(f"  tf_amp.function first call:            {total:7.2f} s")
-    print(f"    trace:                               {median('trace'):7.2f} s")
-    print(f"    inline + rewrite + rebuild:          {median('rebuild'):7.2f} s")
+    print(f"  plain tf.function trace:          {p:6.2f} s ({statistics.median(plain):.2f})")
+    print(f"  tf_amp.function first call:       {total:6.2f} s ({median('total'):.2f})")
+    print(f"    trace:                          {best('trace'):6.2f} s ({median('trace'):.2f})")
+    print(f"    inline + rewrite + rebuild:     {best('rebuild'):6.2f} s ({median('rebuild'):.2f})")
     print(
-        f"      of which rewrite_graph_def:        {median('rewrite'):7.2f} s "
-        f"({runs[-1]['nodes']} nodes in)"
+        f"      of which rewrite_graph_def:   {best('rewrite'):6.2f} s "
+        f"({median('rewrite'):.2f}; {runs[-1]['nodes']} nodes in)"
     )
     verdict = "meets" if ratio <= FLAGS.goal else "MISSES"
-    print(f"  ratio: {ratio:.2f}x  ({verdict} the {FLAGS.goal}x goal)")
+    print(f"  ratio (first call / plain trace): {ratio:.2f}x  ({verdict} the {FLAGS.goal}x goal)")
+    print(f"  ratio (plain trace + rebuild) / plain trace: {added:.2f}x")
     return 0
 
 

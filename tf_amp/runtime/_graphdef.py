@@ -26,12 +26,28 @@ _UID = itertools.count()
 RewriteFn = Callable[[graph_pb2.GraphDef, frozenset], graph_pb2.GraphDef]
 
 
+_CALL_OPS = frozenset({"PartitionedCall", "StatefulPartitionedCall"})
+
+
+def has_function_calls(graph_def: graph_pb2.GraphDef) -> bool:
+    """True when the main graph calls a library function (a nested ``tf.function``).
+
+    Functional control flow (If / While / Case) does not count: its branch and body functions
+    are rewritten in the library like any other function, so inlining them buys little, and
+    skipping Grappler when nothing else needs inlining saves a large part of the rebuild time.
+    """
+    names = {f.signature.name for f in graph_def.library.function}
+    return any(node.op in _CALL_OPS or node.op in names for node in graph_def.node)
+
+
 def inline_library(graph_def: graph_pb2.GraphDef, keep: Iterable[str]) -> graph_pb2.GraphDef:
     """Inlines function calls with Grappler's function optimizer and nothing else.
 
     ``keep`` names the nodes that must survive (fetches and side-effecting ops); Grappler would
-    otherwise be free to drop or rename them.
+    otherwise be free to drop or rename them. A graph without function calls is returned as is.
     """
+    if not has_function_calls(graph_def):
+        return graph_def
     meta = meta_graph_pb2.MetaGraphDef()
     meta.graph_def.CopyFrom(graph_def)
     meta.collection_def["train_op"].node_list.value.extend(sorted(set(keep)))
