@@ -28,6 +28,12 @@ def is_v1_optimizer(optimizer: Any) -> bool:
 def LossScaleOptimizer(inner: Any, loss_scale: Any = "dynamic", **kwargs: Any) -> Any:  # noqa: N802
     """Wraps ``inner`` with loss scaling; returns an optimizer of the same family.
 
+    Typical use::
+
+        opt = tf_amp.LossScaleOptimizer(keras.optimizers.Adam(1e-3))          # Keras 3
+        opt = tf_amp.LossScaleOptimizer(tf.compat.v1.train.AdamOptimizer(), 128.0)  # TF1, static
+        gen_opt, disc_opt = (tf_amp.LossScaleOptimizer(keras.optimizers.Adam()) for _ in "gd")
+
     Args:
       inner: a Keras 3 optimizer or a ``tf.compat.v1.train.Optimizer``.
       loss_scale: ``"dynamic"`` (default), a number for a static scale, or a

@@ -330,6 +330,11 @@ class KerasLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         )
         return None
 
+    def apply_gradients(self, grads_and_vars: Any) -> Any:
+        grads, variables = zip(*grads_and_vars, strict=True)
+        self.apply(grads, variables)
+        return self.iterations  # the inner optimizer's count, which skipped steps leave alone
+
     def stateless_apply(self, optimizer_variables, grads, trainable_variables):
         raise NotImplementedError(
             "tf_amp's LossScaleOptimizer supports the TensorFlow backend only (stateful apply)"
