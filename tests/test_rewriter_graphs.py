@@ -78,6 +78,29 @@ def test_v1_loop_recurrent_edges_have_one_colour_and_graph_trains(tf1_graph) -> 
     np.testing.assert_allclose(got, want, rtol=2e-2)
 
 
+def test_tf1_ref_variables_and_gradient_descent() -> None:
+    # VariableV2 ─ Identity(read) ─ MatMul ─ ... ─ ApplyGradientDescent(ref)
+    # the variable, its Identity read and the update stay float32; the graph trains
+    graph = tf.Graph()
+    with graph.as_default():
+        x = v1.placeholder(tf.float32, [4, 8], name="x")
+        w = v1.get_variable("w", [8, 8], initializer=v1.constant_initializer(0.1),
+                            use_resource=False)
+        loss = tf.reduce_mean(tf.square(tf.matmul(x, w, name="mm")), name="loss")
+        v1.train.GradientDescentOptimizer(0.1).minimize(loss, name="train")
+        v1.global_variables_initializer()
+    gd = graph.as_graph_def()
+    out = rewrite_graph_def(gd, RewriteConfig(preserve_nodes={"loss", "train", "init"})).graph_def
+    assert node(out, "mm").attr["T"].type == HALF
+    assert node(out, "w").attr["dtype"].type == FLOAT
+    assert node(out, "w/read").attr["T"].type == FLOAT  # implicit ref read: not painted
+    assert node(out, "train/update_w/ApplyGradientDescent").attr["T"].type == FLOAT
+    x = np.linspace(-1, 1, 32, dtype=np.float32).reshape(4, 8)
+    want = run(gd, ["loss:0", "train"], {"x": x}, init="init")[0]
+    got = run(out, ["loss:0", "train"], {"x": x}, init="init")[0]
+    np.testing.assert_allclose(got, want, rtol=1e-2)
+
+
 def test_variables_stay_float32_at_every_level(tf1_graph) -> None:  # noqa: ANN001
     for level in ("O1", "O2", "O3"):
         cfg = RewriteConfig(opt_level=level, preserve_nodes=frozenset(tf1_graph.fetches))
@@ -136,8 +159,8 @@ def test_tensor_list_from_a_feed_is_denied() -> None:
 
 # ---------------------------------------------------------------------------- functions
 def test_while_body_and_non_inlined_function_are_rewritten() -> None:
-    #  main: x ─ While(body: MatMul ─ Tanh) ─ inner(MatMul) ─ Sum
-    #  body and inner are library functions: rewritten inside, signatures unchanged,
+    #  main: x ─ While(body: MatMul ─ Tanh) ─ If(then: MatMul) ─ inner(MatMul) ─ Sum
+    #  body, branches and inner are library functions: rewritten inside, signatures unchanged,
     #  a Cast back to float before each half `ret`.
     @tf.function(experimental_attributes={"_noinline": True})
     def inner(a: tf.Tensor) -> tf.Tensor:
@@ -149,6 +172,7 @@ def test_while_body_and_non_inlined_function_are_rewritten() -> None:
             return i + 1, tf.tanh(tf.matmul(h, w))
 
         _, h = tf.while_loop(lambda i, h: i < 3, body, [tf.constant(0), x])
+        h = tf.cond(tf.reduce_sum(h) > 0, lambda: tf.matmul(h, w), lambda: h * 2.0)
         return tf.reduce_sum(inner(h))
 
     spec = tf.TensorSpec([4, 4], tf.float32)
@@ -169,7 +193,7 @@ def test_while_body_and_non_inlined_function_are_rewritten() -> None:
             producer = next((n for n in fdef.node_def if n.name == ref.split(":")[0]), None)
             if producer is not None and producer.op == "Cast":
                 assert producer.attr["DstT"].type == FLOAT, key
-    assert matmuls == 2
+    assert matmuls == 3
     x = np.full([4, 4], 0.1, np.float32)
     fetch = concrete.outputs[0].name
     feeds = {t.name.split(":")[0]: x for t in concrete.inputs}
