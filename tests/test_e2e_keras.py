@@ -152,3 +152,22 @@ def test_weights_trained_in_mixed_precision_load_into_float32_and_back(
     mixed.fit(x, y, batch_size=32, epochs=1, verbose=0)  # keeps training in mixed precision
     assert not np.allclose(before, mixed.layers[-1].kernel.numpy())
     assert tf.reduce_all(tf.math.is_finite(mixed.layers[-1].kernel))
+
+
+def test_jit_compile_with_loss_scaling_never_fails_to_compile() -> None:
+    """The fused op has no XLA kernel: such a step runs without XLA (with a warning)."""
+    model = _model()
+    opt = tf_amp.enable_mixed_precision_graph_rewrite(keras.optimizers.SGD(0.1))
+    _compile(model, opt, jit_compile=True)
+    keras_fit.install(model)
+    x, y = _data()
+    history = model.fit(x, y, batch_size=32, epochs=3, verbose=0)
+    (concrete,) = keras_fit.rewritten_functions(model)["train"].concrete_functions()
+    graph_def = concrete.graph.as_graph_def()
+    ops = {n.op for n in graph_def.node} | {
+        n.op for f in graph_def.library.function for n in f.node_def
+    }
+    compiled = concrete.function_def.attr["_XlaMustCompile"].b
+    assert compiled == ("TfAmpUnscaleAndCheckFinite" not in ops)
+    assert history.history["loss"][-1] < history.history["loss"][0]
+    assert int(opt.iterations) == 9

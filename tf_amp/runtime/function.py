@@ -114,7 +114,16 @@ def rebuild_concrete_function(
 
     attrs = {}
     if jit_compile:
-        attrs[_XLA_MUST_COMPILE] = True
+        blocking = _ops_without_xla_kernel(graph_def)
+        if blocking:
+            _LOG.warning(
+                "tf_amp: %s has op(s) without an XLA kernel (%s); running the rewritten "
+                "function without jit_compile instead of failing to compile it.",
+                graph.name,
+                ", ".join(sorted(blocking)),
+            )
+        else:
+            attrs[_XLA_MUST_COMPILE] = True
     rebuilt = cf_lib.ConcreteFunction.from_func_graph(
         new_graph, original.function_type, attrs=attrs
     )
@@ -123,6 +132,18 @@ def rebuild_concrete_function(
     rebuilt._arg_keywords = original._arg_keywords  # noqa: SLF001
     rebuilt._num_positional_args = original._num_positional_args  # noqa: SLF001
     return rebuilt
+
+
+# Custom ops known to have CPU/GPU kernels but no XLA kernel.
+_NO_XLA_OPS = frozenset({"TfAmpUnscaleAndCheckFinite"})
+
+
+def _ops_without_xla_kernel(graph_def: graph_pb2.GraphDef) -> set[str]:
+    """Op types in ``graph_def`` (library included) that XLA cannot compile."""
+    nodes = list(graph_def.node)
+    for fdef in graph_def.library.function:
+        nodes.extend(fdef.node_def)
+    return {n.op for n in nodes if n.op in _NO_XLA_OPS}
 
 
 def _copy_handle_data(source: tf.Tensor, target: tf.Tensor) -> None:
