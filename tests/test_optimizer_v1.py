@@ -15,7 +15,7 @@ from tf_amp.optimizers.v1 import V1LossScaleOptimizer
 v1 = tf.compat.v1
 
 
-def build_graph(loss_scale, inner=None):
+def build_graph(loss_scale, inner=None, **wrapper_kwargs):
     """x(4x3) -> matmul w(3x2) -> gather rows of emb(5x2) -> loss * poison.
 
     ``poison`` (a placeholder, default 1) turns the loss, and so every gradient, into inf/nan.
@@ -28,7 +28,9 @@ def build_graph(loss_scale, inner=None):
     h = tf.matmul(x, w) * tf.gather(emb, [0, 2, 2, 4])
     loss = tf.reduce_mean(tf.square(h - 1.0)) * poison
     step = v1.train.get_or_create_global_step()
-    opt = tf_amp.LossScaleOptimizer(inner or v1.train.AdamOptimizer(0.05), loss_scale)
+    opt = tf_amp.LossScaleOptimizer(
+        inner or v1.train.AdamOptimizer(0.05), loss_scale, **wrapper_kwargs
+    )
     train = opt.minimize(loss, global_step=step)
     return opt, train, poison, step
 
@@ -178,3 +180,18 @@ def test_tape_recipe_with_get_scaled_loss_and_get_unscaled_gradients():
         opt.apply_gradients(zip(grads, [w], strict=True))
     np.testing.assert_array_equal(w.numpy(), [0.0, 0.0])  # w - 0.5 * 2w, then a skipped step
     assert int(opt.skipped_steps) == 1
+
+
+def test_session_floor_warning_and_raise_after_consecutive_skips(capfd):
+    with tf.Graph().as_default():
+        _, train, poison, _ = build_graph(
+            DynamicLossScale(initial_scale=1.0), max_consecutive_skips=3
+        )
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            sess.run(train, {poison: np.nan})
+            sess.run(train, {poison: np.nan})
+            with pytest.raises(tf.errors.InvalidArgumentError, match="3 consecutive steps"):
+                sess.run(train, {poison: np.nan})
+    err = capfd.readouterr().err
+    assert err.count("loss scale is at its floor") == 1, err
