@@ -76,7 +76,8 @@ def keras_mobilenet() -> ModelGraph:
 
     keras.utils.set_random_seed(0)
     model = keras.applications.MobileNetV2(
-        input_shape=(32, 32, 3), alpha=0.35, weights=None, classes=10
+        input_shape=(32, 32, 3), alpha=0.35, weights=None, classes=10,
+        classifier_activation=None,
     )
     return _train_step_graph(
         "mobilenet_v2", model, (2, 32, 32, 3), lambda: tf.zeros([2], tf.int32)
