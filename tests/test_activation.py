@@ -320,3 +320,13 @@ def test_startup_line_costs_nothing_measurable_when_unset(monkeypatch) -> None:
     assert line.startswith("import ")  # site executes lines starting with "import"
     per_call = min(timeit.repeat(line, number=2000, repeat=3)) / 2000
     assert per_call < 50e-6  # microseconds, against an interpreter start of ~10-20 ms
+
+
+def test_hook_install_copies_and_removes_the_pth(tmp_path: Path) -> None:
+    from tf_amp.runtime import hook_install
+
+    assert hook_install.main(["--site-dir", str(tmp_path)]) == 0
+    installed = tmp_path / PTH.name
+    assert installed.read_text() == PTH.read_text()
+    assert hook_install.main(["--site-dir", str(tmp_path), "--remove"]) == 0
+    assert not installed.exists()
