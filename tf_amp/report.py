@@ -114,6 +114,7 @@ class RewriteReport:
     check_kernels: bool = True
     default_device_type: str = "CPU"
     _decisions: list[VertexDecision] | None = field(default=None, repr=False)
+    _index: dict[tuple[str, str, str], VertexDecision] | None = field(default=None, repr=False)
 
     @property
     def changed(self) -> bool:
@@ -140,10 +141,12 @@ class RewriteReport:
 
     def decision_for(self, node: str, attr: str = "T", body: str = "") -> VertexDecision:
         """The decision for one vertex (KeyError if it is not a float32 vertex)."""
-        for d in self.decisions:
-            if d.body == body and d.node == node and d.attr == attr:
-                return d
-        raise KeyError(f"no float32 vertex {node!r} {attr!r} in body {body!r}")
+        if self._index is None:
+            self._index = {(d.body, d.node, d.attr): d for d in self.decisions}
+        try:
+            return self._index[(body, node, attr)]
+        except KeyError:
+            raise KeyError(f"no float32 vertex {node!r} {attr!r} in body {body!r}") from None
 
     def colours(self, body: str = "") -> dict[tuple[str, str], str]:
         """{(node, attr): "allow" | "float32"} for one body (handy in tests)."""
