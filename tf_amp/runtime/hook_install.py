@@ -15,16 +15,30 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
 import sysconfig
 
 PTH_NAME = "tf_amp_autoenable.pth"
+# The same text as the shipped file (a test keeps them equal), for installs whose package data
+# does not include the file.
+PTH_TEXT = (
+    'import os; any(os.environ.get(v, "").strip() for v in ("TF_ENABLE_AUTO_MIXED_PRECISION", '
+    '"TF_ENABLE_AUTO_MIXED_PRECISION_GRAPH_REWRITE", "TF_ENABLE_AUTO_MIXED_PRECISION_LOSS_SCALING"'
+    ')) and __import__("tf_amp.runtime.autoenable")\n'
+)
 
 
 def source_path() -> str:
     """The ``.pth`` shipped inside the package."""
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), PTH_NAME)
+
+
+def pth_text() -> str:
+    path = source_path()
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    return PTH_TEXT
 
 
 def target_path(site_dir: str | None = None) -> str:
@@ -45,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
             os.remove(target)
         print(f"removed {target}")
     else:
-        shutil.copyfile(source_path(), target)
+        with open(target, "w", encoding="utf-8") as f:
+            f.write(pth_text())
         print(f"installed {target}")
     return 0
 
