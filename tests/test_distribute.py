@@ -115,6 +115,42 @@ MIRRORED_FIT = textwrap.dedent(
     """
 )
 
+
+V1_PART = textwrap.dedent(
+    """
+    # The tf.compat.v1.train wrapper under the same strategy.
+    with strategy.scope():
+        v1_w = tf.Variable([1.0, 2.0])
+        v1_gs = tf.Variable(
+            0, dtype=tf.int64, aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA
+        )
+        v1_opt = tf_amp.LossScaleOptimizer(tf.compat.v1.train.AdamOptimizer(0.1))
+
+    @tf.function
+    def v1_step(bad):
+        def replica_fn(bad):
+            context = tf.distribute.get_replica_context()
+            last = context.replica_id_in_sync_group == context.num_replicas_in_sync - 1
+            poison = tf.where(last, bad, 0.0)
+            loss = lambda: tf.reduce_sum(v1_w * v1_w) * (1.0 + poison)
+            grads = v1_opt.compute_gradients(loss, var_list=[v1_w])
+            v1_opt.apply_gradients(grads, global_step=v1_gs)
+
+        strategy.run(replica_fn, args=(bad,))
+
+    def per_replica(v):
+        return [t.numpy().tolist() for t in strategy.experimental_local_results(v)]
+
+    facts["v1"] = []
+    for bad in [0.0, float("inf"), 0.0, float("nan")]:
+        v1_step(tf.constant(bad))
+        facts["v1"].append(
+            {"w": per_replica(v1_w), "gs": per_replica(v1_gs),
+             "scale": per_replica(v1_opt._state_vars[0])}
+        )
+    """
+)
+
 MULTI_WORKER_SETUP = textwrap.dedent(
     """
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
@@ -154,9 +190,10 @@ def check(facts: dict) -> None:
 
 
 def test_mirrored_strategy_two_logical_cpus():
-    source = COMMON.format(setup=MIRRORED_SETUP) + MIRRORED_FIT
+    source = COMMON.format(setup=MIRRORED_SETUP) + V1_PART + MIRRORED_FIT
     facts = facts_from(run_script(source, {}, 240), 240)
     check(facts)
+    check_v1(facts["v1"])
     assert facts["fit_iterations"] == 4
 
 
@@ -173,7 +210,7 @@ def free_ports(n: int) -> list[int]:
 def test_multi_worker_mirrored_strategy_two_local_workers():
     ports = free_ports(2)
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
-    source = COMMON.format(setup=MULTI_WORKER_SETUP) + "\nprint(json.dumps(facts))\n"
+    source = COMMON.format(setup=MULTI_WORKER_SETUP) + V1_PART + "\nprint(json.dumps(facts))\n"
     workers = [
         run_script(
             source,
@@ -191,47 +228,14 @@ def test_multi_worker_mirrored_strategy_two_local_workers():
                 w.kill()
     for facts in results:
         check(facts)
+        check_v1(facts["v1"])
     assert results[0] == results[1]
 
 
-V1_MIRRORED = MIRRORED_SETUP + textwrap.dedent(
-    """
-    import tf_amp
-
-    with strategy.scope():
-        w = tf.Variable([1.0, 2.0])
-        gs = tf.Variable(0, dtype=tf.int64, aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
-        opt = tf_amp.LossScaleOptimizer(tf.compat.v1.train.AdamOptimizer(0.1))
-
-    @tf.function
-    def step(bad):
-        def replica_fn(bad):
-            context = tf.distribute.get_replica_context()
-            poison = tf.where(context.replica_id_in_sync_group == 1, bad, 0.0)
-            loss = lambda: tf.reduce_sum(w * w) * (1.0 + poison)
-            opt.apply_gradients(opt.compute_gradients(loss, var_list=[w]), global_step=gs)
-
-        strategy.run(replica_fn, args=(bad,))
-
-    rows = []
-    for bad in [0.0, float("inf"), 0.0, float("nan")]:
-        step(tf.constant(bad))
-        local = lambda v: [t.numpy().tolist() for t in strategy.experimental_local_results(v)]
-        rows.append({"w": local(w), "gs": local(gs), "scale": local(opt._state_vars[0])})
-    print(json.dumps(rows))
-    """
-)
-
-
-def test_v1_optimizer_under_mirrored_strategy():
-    source = "import json, os\nimport tensorflow as tf\n" + V1_MIRRORED
-    process = run_script(source, {}, 240)
-    out, err = process.communicate(timeout=240)
-    assert process.returncode == 0, err[-4000:]
-    rows = json.loads(out.strip().splitlines()[-1])
+def check_v1(rows: list[dict]) -> None:
     for row in rows:
         for values in row.values():
-            assert values[0] == values[1]  # replicas agree
+            assert all(v == values[0] for v in values)  # local replicas agree
     assert rows[1]["w"] == rows[0]["w"] and rows[3]["w"] == rows[2]["w"]  # skipped
     assert rows[2]["w"] != rows[1]["w"]
     assert [r["gs"][0] for r in rows] == [1, 1, 2, 2]
