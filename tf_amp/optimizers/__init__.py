@@ -45,14 +45,14 @@ def LossScaleOptimizer(inner: Any, loss_scale: Any = "dynamic", **kwargs: Any) -
       TypeError: ``inner`` is not an optimizer tf_amp supports; the message says what to pass.
     """
     _common.check_not_wrapped(inner)
+    if is_v1_optimizer(inner):  # first: needs only TensorFlow, never imports Keras
+        from tf_amp.optimizers.v1 import V1LossScaleOptimizer
+
+        return V1LossScaleOptimizer(inner, loss_scale=loss_scale, **kwargs)
     if is_keras_optimizer(inner):
         from tf_amp.optimizers.keras import KerasLossScaleOptimizer
 
         return KerasLossScaleOptimizer(inner, loss_scale=loss_scale, **kwargs)
-    if is_v1_optimizer(inner):
-        from tf_amp.optimizers.v1 import V1LossScaleOptimizer
-
-        return V1LossScaleOptimizer(inner, loss_scale=loss_scale, **kwargs)
     hint = ""
     module = type(inner).__module__
     if module.startswith("tf_keras") or "keras.optimizers.legacy" in module:
