@@ -317,3 +317,14 @@ def test_log_dir_files_and_tensorboard_event(tmp_path, tf1_graph) -> None:  # no
         graph = tf.Graph()
         with graph.as_default():
             tf.graph_util.import_graph_def(board, name="")  # loads: TensorBoard can too
+
+
+def test_control_inputs_are_never_rewired() -> None:
+    # x ─ MatMul(^c first, unusual but seen in hand-made graphs)  casts replace data inputs only
+    gd = build(mlp)
+    mm = node(gd, "mm")
+    data = list(mm.input)
+    del mm.input[:]
+    mm.input.extend(["^w", *data])
+    out = rewrite_graph_def(gd, RewriteConfig(fold_constant_casts=False)).graph_def
+    assert list(node(out, "mm").input) == ["^w", "x-0-CastToFp16-tf_amp", "w-0-CastToFp16-tf_amp"]

@@ -153,7 +153,7 @@ def plan_and_apply(
         dst_allow = dv >= 0 and colour[dv] == ALLOW_C
         if s in renamed:
             if src_allow and dst_allow:
-                _set_input(view, container, d, q, _graph_ref(renamed[s], p))
+                _set_input(view, container, d, view.e_pos[k], _graph_ref(renamed[s], p))
             if src_allow == dst_allow or src_allow:
                 continue  # float consumers keep "name:p": the Cast/IdentityN there is float
         if src_allow == dst_allow or s in folded:
@@ -170,7 +170,7 @@ def plan_and_apply(
                 view, plan, names, new_nodes, s, p, src_text, to_half=dst_allow, target=target
             )
             casts[key] = ref
-        _set_input(view, container, d, q, ref)
+        _set_input(view, container, d, view.e_pos[k], ref)
 
     # 3. name-preserving: the old name becomes a float32 view of the half op
     for n, new_name in renamed.items():
@@ -208,9 +208,10 @@ def _graph_ref(name: str, port: int) -> str:
     return name if port == 0 else f"{name}:{port}"
 
 
-def _set_input(view: BodyView, container: Any, node: int, port: int, ref: str) -> None:
+def _set_input(view: BodyView, container: Any, node: int, position: int, ref: str) -> None:
+    """Point input ``position`` of ``node`` (index into NodeDef.input) at ``ref``."""
     if node < view.num_real:
-        view.protos[node].input[port] = ref
+        view.protos[node].input[position] = ref
     elif view.ops[node] == RETVAL_OP:
         key = view.ret_keys[node - (len(view.names) - len(view.ret_keys))]
         container.ret[key] = ref

@@ -233,6 +233,7 @@ class BodyView:
     e_dst: list[int] = field(default_factory=list)
     e_dport: list[int] = field(default_factory=list)
     e_text: list[str] = field(default_factory=list)
+    e_pos: list[int] = field(default_factory=list)  # position of the edge in proto.input
     unknown_ops: list[int] = field(default_factory=list)
     index: dict[str, int] = field(default_factory=dict)
     ret_keys: list[str] = field(default_factory=list)  # function: ret key of each _Retval
@@ -483,6 +484,7 @@ def build_body_view(
         view.e_dport,
         view.e_text,
     )
+    e_pos = view.e_pos
     offsets_cache: dict[int, dict[str, int]] = {}
 
     def resolve(text: str, consumer: str) -> tuple[int, int]:
@@ -531,7 +533,7 @@ def build_body_view(
         ins_i = in_ports[i]
         vin = in_v[i]
         q = 0
-        for text in inputs:
+        for position, text in enumerate(inputs):
             if text.startswith("^"):
                 if text[1:] not in index:
                     raise GraphRewriteError(
@@ -554,6 +556,7 @@ def build_body_view(
             e_dst.append(i)
             e_dport.append(q)
             e_text.append(text)
+            e_pos.append(position)
             if vin:
                 dv = vin[q]
                 if dv >= 0:
@@ -592,4 +595,5 @@ def build_body_view(
             e_dst.append(r)
             e_dport.append(0)
             e_text.append(fdef.ret[key])
+            e_pos.append(0)
     return view
