@@ -171,3 +171,50 @@ def test_jit_compile_with_loss_scaling_never_fails_to_compile() -> None:
     assert compiled == ("TfAmpUnscaleAndCheckFinite" not in ops)
     assert history.history["loss"][-1] < history.history["loss"][0]
     assert int(opt.iterations) == 9
+
+
+MIRRORED_SCRIPT = """
+import numpy as np, tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+import keras, tf_amp
+from tf_amp.runtime import keras_fit
+from tests.e2e_helpers import half_ops_of_functions
+keras.utils.set_random_seed(0)
+strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+with strategy.scope():
+    model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Conv2D(8, 3, activation="relu"),
+                              keras.layers.Flatten(), keras.layers.Dense(10)])
+    opt = tf_amp.enable_mixed_precision_graph_rewrite(keras.optimizers.Adam(1e-2))
+    model.compile(opt, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  jit_compile=False)
+keras_fit.install(model)
+x = np.random.default_rng(0).random((128, 8, 8, 1), dtype=np.float32)
+y = x.reshape(128, -1)[:, :10].argmax(1)
+losses = model.fit(x, y, batch_size=32, epochs=4, verbose=0).history["loss"]
+step = keras_fit.rewritten_functions(model)["train"]
+print("RESULT", losses[0], losses[-1], int(opt.iterations.numpy()),
+      sorted(half_ops_of_functions(step.concrete_functions()) & {"Conv2D", "MatMul"}))
+"""
+
+
+def test_fit_under_mirrored_strategy_runs_the_half_step(tmp_path) -> None:
+    """Two CPU replicas: by-reference (call-time) captures of the step are rebuilt too."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    script = tmp_path / "mirrored.py"
+    script.write_text(MIRRORED_SCRIPT)
+    env = dict(os.environ, PYTHONPATH=str(repo), TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=180
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    fields = proc.stdout.split("RESULT")[1].split(maxsplit=3)
+    first, last, iterations = float(fields[0]), float(fields[1]), int(fields[2])
+    assert last < first
+    assert iterations == 16
+    assert "Conv2D" in fields[3] and "MatMul" in fields[3]

@@ -58,8 +58,14 @@ def rebuild_concrete_function(
     arguments and updates the same variables.
     """
     graph = original.graph
-    captures = list(graph.captures)  # (external value, internal placeholder)
+    captures = list(graph.captures)  # by value: (external value, internal placeholder)
+    # By-reference captures (evaluated at call time, e.g. under tf.distribute): key -> nest of
+    # placeholders, fed from a closure the ConcreteFunction calls on every call.
+    by_ref = graph._function_captures  # noqa: SLF001
+    ref_keys = list(by_ref.by_ref_internal)
     capture_ids = {id(internal) for _, internal in captures}
+    for key in ref_keys:
+        capture_ids |= {id(t) for t in nest.flatten(by_ref.by_ref_internal[key])}
     arg_inputs = [t for t in graph.inputs if id(t) not in capture_ids]
     output_tensors = [t for t in graph.outputs if t is not None]
     control_ops = [op for op in graph.control_outputs]
@@ -79,21 +85,27 @@ def rebuild_concrete_function(
         ctx.add_function_def(fdef)
 
     new_graph = func_graph_lib.FuncGraph(f"tf_amp_{graph.name}")
+    replaced: dict[int, tf.Tensor] = {}  # id(old input placeholder) -> new one
     with new_graph.as_default():
-        new_args = [
-            tf.raw_ops.Placeholder(dtype=t.dtype, shape=t.shape, name=t.op.name) for t in arg_inputs
-        ]
-        for new, old in zip(new_args, arg_inputs, strict=False):
-            _copy_handle_data(old, new)
-        new_captures = []
+        for old in arg_inputs:
+            replaced[id(old)] = _placeholder_like(old)
         for external, internal in captures:
             placeholder = new_graph.capture(external, name=internal.op.name)
             _copy_handle_data(internal, placeholder)
-            new_captures.append(placeholder)
-        input_map = {t.name: new for t, new in zip(arg_inputs, new_args, strict=False)}
-        input_map.update(
-            {internal.name: new for (_, internal), new in zip(captures, new_captures, strict=False)}
-        )
+            replaced[id(internal)] = placeholder
+        for key in ref_keys:
+            old_nest = by_ref.by_ref_internal[key]
+            new_nest = nest.map_structure(_placeholder_like, old_nest)
+            for old, new in zip(nest.flatten(old_nest), nest.flatten(new_nest), strict=True):
+                replaced[id(old)] = new
+            new_graph._function_captures.add_or_replace(  # noqa: SLF001
+                key=key,
+                external=by_ref.by_ref_external[key],
+                internal=new_nest,
+                tracetype=by_ref._by_ref_tracetype[key],  # noqa: SLF001
+                is_by_ref=True,
+            )
+        input_map = {t.name: replaced[id(t)] for t in graph.inputs}
         imported = _import(graph_def, input_map, output_tensors, control_ops)
     tensor_map = dict(zip((t.name for t in output_tensors), imported[0], strict=False))
     tensor_map.update(input_map)
@@ -103,7 +115,7 @@ def rebuild_concrete_function(
             return tensor_map[value.name]
         return value
 
-    new_graph.inputs = new_args + new_captures
+    new_graph.inputs = [replaced[id(t)] for t in graph.inputs]  # same order as the original
     new_graph.structured_input_signature = graph.structured_input_signature
     new_graph.structured_outputs = nest.map_structure(
         remap, graph.structured_outputs, expand_composites=True
@@ -144,6 +156,12 @@ def _ops_without_xla_kernel(graph_def: graph_pb2.GraphDef) -> set[str]:
     for fdef in graph_def.library.function:
         nodes.extend(fdef.node_def)
     return {n.op for n in nodes if n.op in _NO_XLA_OPS}
+
+
+def _placeholder_like(old: tf.Tensor) -> tf.Tensor:
+    new = tf.raw_ops.Placeholder(dtype=old.dtype, shape=old.shape, name=old.op.name)
+    _copy_handle_data(old, new)
+    return new
 
 
 def _copy_handle_data(source: tf.Tensor, target: tf.Tensor) -> None:
