@@ -8,7 +8,9 @@ graph itself and runs the result:
 * :mod:`tf_amp.runtime.keras_fit` -- Keras 3 ``fit`` runs the rewritten train step.
 * :mod:`tf_amp.runtime.session` -- ``tf_amp.Session`` for TF1 graphs.
 * :mod:`tf_amp.runtime.activation` -- ``TF_ENABLE_AUTO_MIXED_PRECISION`` and its reversible
-  patches.
+  patches; :mod:`tf_amp.runtime.auto_loss_scale` -- loss scaling for scripts that never asked
+  for it; :mod:`tf_amp.runtime.autoenable` -- what the startup ``.pth`` imports when a variable
+  is set; :mod:`tf_amp.runtime.hook_install` -- put that ``.pth`` into site-packages by hand.
 
 Submodules are imported on demand; importing this package imports nothing heavy.
 """
