@@ -126,13 +126,7 @@ def plan_and_apply(
             proto.attr[attr].list.type[elem] = target
         plan.type_attrs_converted += 1
 
-    e_src, e_sport, e_dst, e_dport, e_text = (
-        view.e_src,
-        view.e_sport,
-        view.e_dst,
-        view.e_dport,
-        view.e_text,
-    )
+    e_src, e_sport, e_dst, e_dport = view.e_src, view.e_sport, view.e_dst, view.e_dport
     out_v, in_v = view.out_v, view.in_v
 
     # 1b. optional: a float32 Const read only by half consumers becomes a half Const in place
@@ -165,7 +159,10 @@ def plan_and_apply(
         key = (s, p)
         ref = casts.get(key)
         if ref is None:
-            src_text = _graph_ref(renamed[s], p) if s in renamed else e_text[k]
+            if s in renamed:
+                src_text = _graph_ref(renamed[s], p)
+            else:
+                src_text = view.edge_text(k, container if is_function else None)
             ref = _add_cast(
                 view, plan, names, new_nodes, s, p, src_text, to_half=dst_allow, target=target
             )

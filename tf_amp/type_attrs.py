@@ -232,7 +232,6 @@ class BodyView:
     e_sport: list[int] = field(default_factory=list)
     e_dst: list[int] = field(default_factory=list)
     e_dport: list[int] = field(default_factory=list)
-    e_text: list[str] = field(default_factory=list)
     e_pos: list[int] = field(default_factory=list)  # position of the edge in proto.input
     unknown_ops: list[int] = field(default_factory=list)
     index: dict[str, int] = field(default_factory=dict)
@@ -241,6 +240,15 @@ class BodyView:
     @property
     def num_vertices(self) -> int:
         return len(self.v_node)
+
+    def edge_text(self, k: int, fdef: Any = None) -> str:
+        """The input string of edge ``k`` as written in its consumer (``"x:1"``,
+        ``"mm:product:0"``); read back from the proto instead of kept for every edge."""
+        d = self.e_dst[k]
+        if d < self.num_real:
+            return self.protos[d].input[self.e_pos[k]]
+        key = self.ret_keys[d - (len(self.names) - len(self.ret_keys))]
+        return fdef.ret[key]
 
     def vertex_label(self, v: int) -> str:
         """Human-readable vertex name: ``node (Op) attr[elem]``."""
@@ -477,13 +485,7 @@ def build_body_view(
     fanin: list[list[int]] = [[] for _ in range(nv)]
     fanout: list[list[int]] = [[] for _ in range(nv)]
     view.fanin, view.fanout = fanin, fanout
-    e_src, e_sport, e_dst, e_dport, e_text = (
-        view.e_src,
-        view.e_sport,
-        view.e_dst,
-        view.e_dport,
-        view.e_text,
-    )
+    e_src, e_sport, e_dst, e_dport = view.e_src, view.e_sport, view.e_dst, view.e_dport
     e_pos = view.e_pos
     offsets_cache: dict[int, dict[str, int]] = {}
 
@@ -555,7 +557,6 @@ def build_body_view(
             e_sport.append(p)
             e_dst.append(i)
             e_dport.append(q)
-            e_text.append(text)
             e_pos.append(position)
             if vin:
                 dv = vin[q]
@@ -594,6 +595,5 @@ def build_body_view(
             e_sport.append(p)
             e_dst.append(r)
             e_dport.append(0)
-            e_text.append(fdef.ret[key])
             e_pos.append(0)
     return view
