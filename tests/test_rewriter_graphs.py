@@ -300,6 +300,9 @@ def test_log_dir_files_and_tensorboard_event(tmp_path, tf1_graph) -> None:  # no
     with open(tmp_path / after_pb, "rb") as f:
         loaded.ParseFromString(f.read())
     assert loaded == result.graph_def
+    buckets = next(n for n in names if n.startswith("paintbuckets_"))
+    text = (tmp_path / buckets).read_text()
+    assert "ALLOW (" in text and "\nAllowList:\nBatchMatMul" in text
     jsonl = next(n for n in names if n.startswith("decisions_"))
     with open(tmp_path / jsonl) as f:
         lines = [json.loads(line) for line in f]

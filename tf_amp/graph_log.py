@@ -90,6 +90,11 @@ def write_rewrite_logs(
     for paint in ("allow", "deny", "none"):
         lines.append(f"{paint.upper()} ({len(buckets[paint])}):")
         lines.extend(f"  {entry}" for entry in buckets[paint])
+    # the lists in force, as TensorFlow's paintbuckets file shows them
+    for name, ops in report.lists_used.items():
+        lines.append("")
+        lines.append(f"{name.capitalize()}List:")
+        lines.extend(ops)
     put("paintbuckets", f"paintbuckets_AutoMixedPrecision_{stamp}.txt", "\n".join(lines) + "\n")
     head = {
         "summary": report.summary_line(),

@@ -113,6 +113,7 @@ class RewriteReport:
     bodies: list[BodyRecord] = field(default_factory=list, repr=False)
     check_kernels: bool = True
     default_device_type: str = "CPU"
+    lists_used: dict[str, list[str]] = field(default_factory=dict, repr=False)
     _decisions: list[VertexDecision] | None = field(default=None, repr=False)
     _index: dict[tuple[str, str, str], VertexDecision] | None = field(default=None, repr=False)
 

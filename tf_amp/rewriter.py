@@ -91,6 +91,7 @@ def _rewrite(graph_def: graph_pb2.GraphDef, config: RewriteConfig) -> RewriteRes
 
     target = DT_HALF if config.target_dtype == "float16" else DT_BFLOAT16
     lists = config.resolved_lists()
+    report.lists_used = lists.as_dict()
     functions: dict[str, OpInfo] = {
         f.signature.name: function_op_info(f) for f in out.library.function
     }
