@@ -84,7 +84,12 @@ FP16_ALLOW: frozenset[str] = frozenset(
         "LSTMBlockCellGrad",
         "MatMul",
         "Mha",
+        "MhaV2",
         "Tmlp",
+        "TmlpV2",
+        "TmlpV3",
+        "Pmlp",
+        "FastUnsortedSegmentMax",
     }
 )
 
