@@ -417,3 +417,27 @@ def test_fit_with_a_growing_scale_trains_exactly_like_the_inner_optimizer():
         weights.append([w.numpy() for w in model.weights])
     assert float(opt.loss_scale) == 2.0**5
     assert bit_equal(*weights)
+
+
+def test_checkpoint_restores_into_a_fresh_unbuilt_wrapper(tmp_path):
+    """The custom-loop resume: restore() before the first step, state arrives on build."""
+
+    def make():
+        model = tiny_model()
+        opt = tf_amp.LossScaleOptimizer(
+            keras.optimizers.Adam(0.1), DynamicLossScale(8.0, growth_interval=2)
+        )
+        return model, opt, make_step(model, opt, *data())
+
+    model, opt, step = make()
+    for bad in (0.0, np.inf, 0.0, 0.0, 0.0):
+        step(tf.constant(bad), tf.constant(2))
+    path = tf.train.Checkpoint(model=model, optimizer=opt).save(os.path.join(tmp_path, "c"))
+    assert (float(opt.loss_scale), int(opt.dynamic_counter), int(opt.skipped_steps)) == (8, 1, 1)
+
+    model2, opt2, step2 = make()
+    status = tf.train.Checkpoint(model=model2, optimizer=opt2).restore(path)
+    step2(tf.constant(np.inf), tf.constant(2))  # builds the optimizer: deferred restore lands
+    status.assert_consumed()
+    assert (float(opt2.loss_scale), int(opt2.skipped_steps), int(opt2.iterations)) == (4.0, 2, 4)
+    assert bit_equal(snapshot(model2, opt2), snapshot(model, opt))
