@@ -91,7 +91,8 @@ def floor_alarm(
     At the floor, scaling can no longer be what overflows; the model or data produce inf/nan.
     The warning prints once per run of skips (when ``floor_skips`` reaches the threshold) from
     inside the graph, so it costs no host round trip on normal steps. Returns a tensor to
-    depend on, or None when there is nothing to check.
+    depend on, or None when there is nothing to check. Under ``jit_compile`` neither check is
+    built (XLA compiles no print or assert ops); skipping itself is unaffected.
     """
     if in_xla_context():
         return None
@@ -123,7 +124,8 @@ def floor_alarm(
                 message=(
                     f"tf_amp LossScaleOptimizer: {max_consecutive_skips} consecutive steps were "
                     "skipped for inf/nan gradients (max_consecutive_skips); training is not "
-                    "making progress. The loss scale and consecutive-skip count are"
+                    "making progress (if the scale sat at its floor: a NaN/Inf in the model "
+                    "or data, not overflow)."
                 ),
             )
         )

@@ -243,7 +243,7 @@ class KerasLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         return unscaled
 
     # --------------------------------------------------------------------------- apply
-    def apply(self, grads: Sequence[Any], trainable_variables: Sequence[Any] | None = None):
+    def apply(self, grads: Sequence[Any], trainable_variables: Sequence[Any] | None = None) -> None:
         if not self.built:
             # Built even when disabled, so a saved file has the same variables either way.
             if trainable_variables is None:
