@@ -244,6 +244,13 @@ class KerasLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
 
     # --------------------------------------------------------------------------- apply
     def apply(self, grads: Sequence[Any], trainable_variables: Sequence[Any] | None = None) -> None:
+        """Unscales ``grads`` (gradients of ``scale_loss(loss)``) and applies them if finite.
+
+        One fused op unscales and checks all gradients, the flag is ANDed over replicas, and a
+        ``tf.cond`` either runs the inner optimizer (then maybe grows the scale) or skips the
+        step entirely (then backs the scale off): no host sync either way. After
+        ``get_unscaled_gradients`` the gradients are only checked, not unscaled again.
+        """
         if not self.built:
             # Built even when disabled, so a saved file has the same variables either way.
             if trainable_variables is None:
