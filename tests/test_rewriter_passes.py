@@ -403,3 +403,24 @@ def test_eligible_devices_gpu_only_touches_gpu_nodes() -> None:
     # with the kernel check on, this CPU-only TensorFlow has no GPU kernels: nothing changes
     cfg = RewriteConfig(eligible_devices="gpu")
     assert dtype_of(rewrite_graph_def(gd, cfg).graph_def, "on_gpu") == FLOAT
+
+
+def test_infer_follows_allow_is_tensorflows_cpu_mode_extra_pass() -> None:
+    # x ─ MatMul ─ BiasAdd ─ Mul ─ AddV2(+ deny-tainted) ─ ...   no second allow op
+    #     allow    infer     infer  infer (deny: fed by Exp)
+    #     H        F / H     F / H  F          default / infer_follows_allow=True
+    def graph() -> None:
+        x = v1.placeholder(tf.float32, [2, 2], name="x")
+        b = tf.nn.bias_add(tf.matmul(x, x, name="mm"), tf.ones([2]), name="bias")
+        m = tf.multiply(b, 2.0, name="mul")
+        tf.add(m, tf.exp(x, name="exp"), name="add")
+
+    gd = build(graph)
+    default = rewrite_graph_def(gd).graph_def
+    assert dtype_of(default, "bias") == FLOAT and dtype_of(default, "mul") == FLOAT
+    result = rewrite_graph_def(gd, RewriteConfig(infer_follows_allow=True))
+    out = result.graph_def
+    assert dtype_of(out, "bias") == HALF and dtype_of(out, "mul") == HALF
+    assert dtype_of(out, "add") == FLOAT
+    assert result.report.decision_for("mul").pass_name == "add_infer_following_allow"
+    assert len(new_casts(gd, out)) > len(new_casts(gd, default))  # why it is off by default

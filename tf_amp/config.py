@@ -69,6 +69,10 @@ class RewriteConfig:
         nodes). Measured (bench/rewrite_speed.py --const-fold, frozen 4-conv CNN): GraphDef
         49% smaller, no Cast nodes, step time equal within noise (Grappler would fold the
         Cast at run time anyway), rewrite +1 ms. It wins, so it is the default.
+      infer_follows_allow: also run TensorFlow's CPU-mode pass AddInferToAllowIfFollowAllow
+        (an infer op fed directly by a half op and by no deny op turns half). This is what
+        ``auto_mixed_precision_cpu`` does; the CUDA pass and our default do not, since the
+        half value mostly reaches a Cast back to float32. Turn on for oracle parity.
     """
 
     target_dtype: str = "float16"
@@ -84,6 +88,7 @@ class RewriteConfig:
     default_device_type: str = "CPU"
     rewrite_functions: bool = True
     fold_constant_casts: bool = True
+    infer_follows_allow: bool = False
 
     def __post_init__(self) -> None:
         # Accept tensor names too ("loss:0", "^train"): preservation is per node.

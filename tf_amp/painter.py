@@ -68,6 +68,7 @@ R_NO_HALF_SUPPORT = 10
 R_RECURRENT_UNPAINT = 11
 R_RECURRENT_PAINT = 12
 R_CAST_RETARGET = 13
+R_FOLLOWS_ALLOW = 14
 
 # Ops that must keep their dtype whatever the lists say: feeds, constants (their tensor bytes
 # are float32), variables (master weights), checkpoints and cross-device transfers.
@@ -516,6 +517,41 @@ class Painter:
                     stack.append(u)
         self._count("add_clear_and_infer_between_allow", n)
 
+    def add_infer_following_allow(self) -> None:
+        """Optional (``RewriteConfig.infer_follows_allow``): an infer vertex fed directly by a
+        half vertex, and by no deny vertex, turns half; applied in vertex order, so it runs
+        down chains. TensorFlow runs this pass (AddInferToAllowIfFollowAllow) in its CPU /
+        oneDNN modes; off by default because the half value often only reaches a Cast back
+        to float32 (see tests/test_differential_tf.py)."""
+        if not self.config.infer_follows_allow:
+            return
+        view, cat, colour = self.view, self.cat, self.colour
+        info_allowed = self._opdef_allows_half
+        n = 0
+        for v in range(view.num_vertices):
+            if colour[v] != NONE or cat[v] != CAT_INFER:
+                continue
+            if not self.node_eligible[view.v_node[v]] or not info_allowed(v):
+                continue
+            cause = -1
+            for u in view.fanin[v]:
+                if colour[u] == DENY_C:
+                    cause = -1
+                    break
+                if colour[u] == ALLOW_C and cause < 0:
+                    cause = u
+            if cause >= 0:
+                self._paint(v, ALLOW_C, R_FOLLOWS_ALLOW, cause)
+                n += 1
+        self._count("add_infer_following_allow", n)
+
+    def _opdef_allows_half(self, v: int) -> bool:
+        info = self.view.infos[self.view.v_node[v]]
+        if info is None:
+            return False
+        allowed = info.allowed.get(self.view.v_attr[v])
+        return allowed is None or self.target in allowed
+
     def propagate_allow_through_clear(self) -> None:
         """Allow spreads both ways through clear vertices (data movement costs nothing in
         half and saves a cast), except backwards into an implicit ref-variable read."""
@@ -643,6 +679,7 @@ class Painter:
                 self.propagate_deny_forward,
                 lambda: self.force_tensor_list_colour_match(clusters),
                 self.add_clear_and_infer_between_allow,
+                self.add_infer_following_allow,
                 self.propagate_allow_through_clear,
                 self.remove_allow_without_half,
                 lambda: self.force_tensor_list_colour_match(clusters),

@@ -25,6 +25,7 @@ from tf_amp.painter import (
     R_CLEAR_PROPAGATED,
     R_DENY_LIST,
     R_DENY_PROPAGATED,
+    R_FOLLOWS_ALLOW,
     R_FORCED_LEVEL,
     R_NO_HALF_SUPPORT,
     R_RECURRENT_PAINT,
@@ -51,6 +52,7 @@ _PASS = {
     R_RECURRENT_UNPAINT: "force_recurrent_edge_colour_match",
     R_RECURRENT_PAINT: "force_recurrent_edge_colour_match",
     R_CAST_RETARGET: "retarget_casts_to_half",
+    R_FOLLOWS_ALLOW: "add_infer_following_allow",
 }
 
 
@@ -215,6 +217,8 @@ class RewriteReport:
                 f"{op_list} op lying between {t} ops (downstream and upstream of one, here "
                 f"{cause}): converting it saves a pair of casts"
             )
+        if code == R_FOLLOWS_ALLOW:
+            return f"infer op fed directly by {t} op {cause} (infer_follows_allow)"
         if code == R_CLEAR_PROPAGATED:
             return f"clear op (moves data, no numeric effect) connected to {t} op {cause}"
         if code == R_TENSOR_LIST_MATCH_ALLOW:
