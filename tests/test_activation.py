@@ -331,3 +331,36 @@ def test_hook_install_copies_and_removes_the_pth(tmp_path: Path) -> None:
     assert PTH.read_text() == hook_install.PTH_TEXT  # the embedded copy matches the file
     assert hook_install.main(["--site-dir", str(tmp_path), "--remove"]) == 0
     assert not installed.exists()
+
+
+def test_unmodified_custom_train_step_is_loss_scaled_correctly() -> None:
+    """A Model subclass with its own float32 train_step (no scale_loss call) under the env."""
+
+    class Regressor(keras.Model):
+        def train_step(self, data):  # noqa: ANN001, ANN201 - an unmodified user train_step
+            x, y = data
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean((self(x, training=True) - y) ** 2)
+            grads = tape.gradient(loss, self.trainable_variables)
+            self.optimizer.apply_gradients(zip(grads, self.trainable_variables, strict=True))
+            return {"loss": loss}
+
+    with activation.activated():
+        keras.utils.set_random_seed(0)
+        inputs = keras.Input((8,))
+        hidden = keras.layers.Dense(16, activation="relu")(inputs)
+        model = Regressor(inputs, keras.layers.Dense(1)(hidden))
+        model.compile(optimizer=keras.optimizers.SGD(0.05))
+        assert not getattr(model.optimizer, "_tf_amp_loss_scale_wrapper", False)
+        rng = np.random.default_rng(0)
+        x = rng.random((64, 8), dtype=np.float32)
+        y = x.sum(axis=1, keepdims=True)
+        mse_before = float(np.mean((model.predict(x, verbose=0) - y) ** 2))
+        before = auto_loss_scale.current_state()
+        model.fit(x, y, batch_size=16, epochs=8, verbose=0)
+        after = auto_loss_scale.current_state()
+        mse_after = float(np.mean((model.predict(x, verbose=0) - y) ** 2))
+    # Trained at the true gradient scale (a wrapper dividing by 2**15 would barely move).
+    assert mse_after < 0.3 * mse_before
+    steps = int(after.good_steps) + int(after.skipped_steps)
+    assert steps - int(before.good_steps) - int(before.skipped_steps) == 32

@@ -232,11 +232,18 @@ def wants_rewrite(optimizer: Any) -> bool:
     return activation.rewrite_enabled_globally()
 
 
-def _maybe_wrap_optimizer(optimizer: Any) -> Any:
-    """Under env loss scaling, a plain Keras optimizer gets a dynamic LossScaleOptimizer."""
+def _maybe_wrap_optimizer(model: Any, optimizer: Any) -> Any:
+    """Under env loss scaling, a plain Keras optimizer gets a dynamic LossScaleOptimizer.
+
+    Not for a model with its own ``train_step``: an unmodified float32 ``train_step`` never
+    calls ``optimizer.scale_loss``, so a wrapper would divide true gradients by the scale.
+    Such steps are loss-scaled by the ``GradientTape.gradient`` / ``apply`` patches instead
+    (:mod:`tf_amp.runtime.auto_loss_scale`), which scale and unscale around the user's own
+    ``tape.gradient`` call.
+    """
     from tf_amp.runtime import activation
 
-    if not activation.loss_scaling_enabled_globally():
+    if not activation.loss_scaling_enabled_globally() or _has_own_train_step(model):
         return optimizer
     import keras
 
@@ -250,6 +257,11 @@ def _maybe_wrap_optimizer(optimizer: Any) -> Any:
     return LossScaleOptimizer(resolved, loss_scale="dynamic")
 
 
+def _has_own_train_step(model: Any) -> bool:
+    module = getattr(type(model).train_step, "__module__", "") or ""
+    return module.split(".")[0] not in ("keras", "tf_keras")
+
+
 def compile_patch(original: Any) -> Any:
     """``Model.compile`` that hooks ``fit`` when the optimizer (or the env) asks for the rewrite.
 
@@ -258,7 +270,7 @@ def compile_patch(original: Any) -> Any:
     """
 
     def compile(self: Any, optimizer: Any = "rmsprop", *args: Any, **kwargs: Any) -> Any:
-        optimizer = _maybe_wrap_optimizer(optimizer)
+        optimizer = _maybe_wrap_optimizer(self, optimizer)
         result = original(self, optimizer, *args, **kwargs)
         if wants_rewrite(getattr(self, "optimizer", optimizer)):
             install(self)
