@@ -423,4 +423,6 @@ def test_infer_follows_allow_is_tensorflows_cpu_mode_extra_pass() -> None:
     assert dtype_of(out, "bias") == HALF and dtype_of(out, "mul") == HALF
     assert dtype_of(out, "add") == FLOAT
     assert result.report.decision_for("mul").pass_name == "add_infer_following_allow"
-    assert len(new_casts(gd, out)) > len(new_casts(gd, default))  # why it is off by default
+    # no Cast saved: the half values end in a Cast back to float32 anyway (on real models it
+    # costs Casts - tests/test_differential_tf.py - which is why it is off by default)
+    assert len(new_casts(gd, out)) >= len(new_casts(gd, default))
