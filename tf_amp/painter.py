@@ -12,6 +12,8 @@ Each pass is a function whose name is its contract, in the order of DESIGN.md se
    Sum`` stays float32 end to end).
 4. ``add_clear_and_infer_between_allow``: clear/infer vertices both downstream and upstream of
    allow vertices become half (a cast pair would cost more than it saves).
+4b. ``add_infer_following_allow`` (only with ``RewriteConfig.infer_follows_allow``):
+   TensorFlow's CPU-mode extra step, for oracle parity.
 5. ``propagate_allow_through_clear``: allow spreads both ways through clear vertices (never
    backwards into an implicit read of a ref variable).
 6. ``remove_allow_without_half``: safety net: nothing stays allow without half support.
