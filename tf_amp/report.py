@@ -101,6 +101,8 @@ class RewriteReport:
 
     target_dtype: str = "float16"
     opt_level: str = "O1"
+    # Counts cover every rewritten body: the main graph plus each library function (TensorFlow
+    # prints one line per function instead; the sum is what a user of the whole graph wants).
     type_attrs_converted: int = 0
     nodes_before: int = 0
     casts_to_half: int = 0  # excluding casts fed by a Const or a variable read (TF's count)
