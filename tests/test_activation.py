@@ -107,16 +107,37 @@ def test_each_half_patches_only_its_own_part() -> None:
 
 def test_library_functions_keep_plain_tf_function() -> None:
     with activation.activated():
-        from tf_amp.runtime.function import Function
+        from tf_amp.runtime.function import AmpTfFunction
 
-        assert isinstance(tf.function(lambda t: t), Function)  # defined here: user code
-        from keras.src.backend.tensorflow import core  # noqa: F401
+        user = tf.function(lambda t: t)  # defined here: user code
+        assert isinstance(user, AmpTfFunction)
+        assert isinstance(user, tf.types.experimental.PolymorphicFunction)  # still a tf.function
 
         def library_fn(t: tf.Tensor) -> tf.Tensor:
             return t
 
         library_fn.__module__ = "keras.src.somewhere"
-        assert not isinstance(tf.function(library_fn), Function)
+        assert not isinstance(tf.function(library_fn), AmpTfFunction)
+
+
+def test_user_modules_still_export_to_saved_model(tmp_path: Path) -> None:
+    """tf.saved_model.save only exports tf.function attributes; ours still are (float32)."""
+    with activation.activated():
+
+        class Net(tf.Module):
+            def __init__(self) -> None:
+                self.w = tf.Variable(tf.ones((8, 8)))
+
+            @tf.function
+            def __call__(self, t: tf.Tensor) -> tf.Tensor:
+                return tf.matmul(t, self.w)
+
+        net = Net()
+        out = net(tf.ones((2, 8)))
+        assert "MatMul" in half_ops(net.__call__.concrete_functions()[0].graph.as_graph_def())
+        tf.saved_model.save(net, str(tmp_path / "model"))
+    loaded = tf.saved_model.load(str(tmp_path / "model"))
+    np.testing.assert_allclose(loaded(tf.ones((2, 8))).numpy(), out.numpy())
 
 
 def test_unmodified_custom_loop_scales_the_loss_and_skips_overflow() -> None:

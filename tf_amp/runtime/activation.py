@@ -335,15 +335,20 @@ def _patch_keras(keras: Any) -> None:
 
 
 def _make_function_patch(original: Callable[..., Any]) -> Callable[..., Any]:
-    """``tf.function`` that hands user functions to ``tf_amp.function``."""
-    from tf_amp.runtime.function import function as amp_function
+    """``tf.function`` that makes user functions run the rewrite.
+
+    The result is still a genuine ``tf.function`` object (an ``AmpTfFunction``), so
+    ``isinstance`` checks, methods and ``tf.saved_model.save`` keep working in unmodified code.
+    """
+    from tf_amp.runtime.function import as_amp_tf_function
 
     def function(func: Any = None, *args: Any, **kwargs: Any) -> Any:
         if func is None:
             return lambda f: function(f, *args, **kwargs)
+        result = original(func, *args, **kwargs)
         if _is_library_object(func):
-            return original(func, *args, **kwargs)
-        return amp_function(func, *args, **kwargs)
+            return result
+        return as_amp_tf_function(result)
 
     function.__doc__ = original.__doc__
     function.__wrapped__ = original  # type: ignore[attr-defined]

@@ -209,6 +209,7 @@ class Function:
         rewrite: _graphdef.RewriteFn | None = None,
         rewrite_config: Any = None,
         jit_compile: bool | None = None,
+        traced: Any = None,
         **tf_function_kwargs: Any,
     ) -> None:
         self._python_function = python_function
@@ -217,10 +218,10 @@ class Function:
         self._rewrite = rewrite
         self._tf_function_kwargs = dict(tf_function_kwargs)
         # TensorFlow's own implementation, not the public name: the environment activation may
-        # have pointed ``tf.function`` at us.
-        # Traced under jit_compile too, so code that must not emit XLA-incompatible ops (print,
-        # custom kernels) sees the XLA context while tracing.
-        self._traced = pf_lib.function(
+        # have pointed ``tf.function`` at us. Traced under jit_compile too, so code that must not
+        # emit XLA-incompatible ops (print, custom kernels) sees the XLA context while tracing.
+        # ``traced`` lets an existing tf.function own the traces (see AmpTfFunction).
+        self._traced = traced or pf_lib.function(
             python_function, jit_compile=jit_compile, **tf_function_kwargs
         )
         self._cache: dict[int, tuple[Any, Any]] = {}
@@ -301,6 +302,44 @@ class Function:
 
     def _tf_kwargs(self) -> dict[str, Any]:
         return dict(self._tf_function_kwargs)
+
+
+class AmpTfFunction(pf_lib.Function):
+    """A genuine ``tf.function`` object whose calls run the mixed-precision rewrite.
+
+    What the environment activation's ``tf.function`` returns for user code. Being a real
+    ``tf.function`` (``isinstance`` checks, ``get_concrete_function``, methods, and above all
+    ``tf.saved_model.save``, which only exports ``tf.function`` attributes) it keeps unmodified
+    scripts working; its traces are the float32 ones, so an exported SavedModel holds float32
+    functions (``tf-amp rewrite`` converts it). Calls go through a :class:`Function` that uses
+    this object's traces and runs their rewritten rebuilds.
+    """
+
+    def _amp(self) -> Function:
+        amp = self.__dict__.get("_tf_amp_function")
+        if amp is None:
+            amp = Function(self._python_function, jit_compile=self._jit_compile, traced=self)
+            self.__dict__["_tf_amp_function"] = amp
+        return amp
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._amp()(*args, **kwargs)
+
+    def concrete_functions(self) -> list[Any]:
+        """The rewritten concrete functions built so far."""
+        return self._amp().concrete_functions()
+
+    @property
+    def reports(self) -> list[Any]:
+        return self._amp().reports
+
+
+def as_amp_tf_function(polymorphic: Any) -> AmpTfFunction:
+    """Turns a ``tf.function`` object into an :class:`AmpTfFunction` in place (same state)."""
+    if not isinstance(polymorphic, pf_lib.Function):
+        raise TypeError(f"expected a tf.function object, got {type(polymorphic).__name__}")
+    polymorphic.__class__ = AmpTfFunction
+    return polymorphic
 
 
 @contextlib.contextmanager
