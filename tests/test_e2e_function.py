@@ -243,3 +243,12 @@ def test_calling_convention_matches_tf_function() -> None:
 
     assert update(tf.ones((4, 4))) is None
     np.testing.assert_allclose(w.numpy(), 2.0)  # the side effect ran on the real variable
+
+
+def test_gradients_flow_through_a_rewritten_function() -> None:
+    w = tf.Variable(tf.ones((4, 4)))
+    forward = tf_amp.function(lambda t: tf.matmul(t, w))
+    with tf.GradientTape() as tape:
+        total = tf.reduce_sum(forward(tf.ones((2, 4))))
+    np.testing.assert_allclose(tape.gradient(total, w).numpy(), 2.0)
+    assert "MatMul" in half_ops_of_functions(forward.concrete_functions())
