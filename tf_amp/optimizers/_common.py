@@ -13,7 +13,7 @@ from typing import Any
 
 import tensorflow as tf
 from tensorflow.core.framework import summary_pb2
-from tensorflow.python.ops import control_flow_util
+from tensorflow.python.ops import control_flow_util, summary_ops_v2
 
 from tf_amp.loss_scale import LossScale, LossScaleState
 from tf_amp.ops import unscale_and_check_finite
@@ -137,12 +137,7 @@ def floor_alarm(
 
 
 def read_state(variables: Sequence[Any]) -> LossScaleState:
-    """Reads every state variable once, before the cond.
-
-    Reading up front orders all reads before the writes in the branches even where no
-    automatic control dependencies exist (a TF1 graph), and the branches then skip writing
-    fields the policy returns unchanged (``is`` the tensor read here).
-    """
+    """Reads every state variable once (one read per field, shared by all its uses)."""
     return LossScaleState(*(tf.convert_to_tensor(v) for v in variables))
 
 
@@ -151,35 +146,40 @@ def apply_or_skip(
     apply_inner: Callable[[], Any],
     policy: LossScale,
     variables: Sequence[Any],
-    state: LossScaleState,
     floor_warning_skips: int,
     max_consecutive_skips: int | None,
 ) -> tf.Tensor:
     """One ``tf.cond``: apply the inner optimizer and ``after_finite``, or ``after_skip``.
 
-    Each branch does only its own half of the state update and the floor alarm lives in the
-    skip branch, so a finite step costs one ``If``, the inner update and a few scalar ops.
+    Each branch reads the state itself, does only its own half of the update, and writes only
+    the fields that changed (the policy returns unchanged fields as the very tensors read).
+    The floor alarm lives in the skip branch. So a finite step costs one ``If``, the inner
+    update and a few scalar ops, and the cond captures no extra tensors. Every write waits for
+    every read, which orders them even in a TF1 graph (no automatic control dependencies).
     Returns the cond's boolean output (true when applied) to hang dependencies on.
     """
 
-    def write(new: LossScaleState) -> list[Any]:
+    def write(state: LossScaleState, new: LossScaleState) -> list[Any]:
         ops = []
-        for variable, value, old in zip(variables, new, state, strict=True):
-            if value is not old:
-                ops.append(variable.assign(tf.cast(value, variable.dtype), read_value=False))
+        with tf.control_dependencies(list(state)):
+            for variable, value, old in zip(variables, new, state, strict=True):
+                if value is not old:
+                    ops.append(variable.assign(tf.cast(value, variable.dtype), read_value=False))
         return [op for op in ops if op is not None]
 
     def on_finite() -> tf.Tensor:
         applied = apply_inner()
-        deps = write(policy.after_finite(state))
+        state = read_state(variables)
+        deps = write(state, policy.after_finite(state))
         if applied is not None:
             deps.append(applied)
         with tf.control_dependencies(deps):
             return tf.constant(True)
 
     def on_skip() -> tf.Tensor:
+        state = read_state(variables)
         new = policy.after_skip(state)
-        deps = write(new)
+        deps = write(state, new)
         alarm = floor_alarm(policy, new, floor_warning_skips, max_consecutive_skips)
         if alarm is not None:
             deps.append(alarm)
@@ -195,6 +195,8 @@ def write_summaries(scale: Any, skipped: Any, step: Any) -> None:
     ``tf.summary.write`` is a trace-time no-op without a default writer, so this costs nothing
     unless the user opened one (``with writer.as_default():``, or Keras's TensorBoard callback).
     """
+    if not summary_ops_v2.has_default_writer():
+        return  # nothing would be written: add no reads or casts to the step
     step = tf.cast(step, tf.int64)
     metadata = _scalar_metadata()
     tf.summary.write(SUMMARY_SCALE, tf.cast(scale, tf.float32), step=step, metadata=metadata)

@@ -275,18 +275,16 @@ class KerasLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         already = self._grads_already_unscaled
         self._grads_already_unscaled = False
         state_vars = [v.value for v in self._state_vars]
-        state = _common.read_state(state_vars)
+        scale = tf.convert_to_tensor(state_vars[0])
         raw = [
             None if g is None or self._overwrite_variable_with_gradient(v) else g
             for g, v in zip(grads, variables, strict=True)
         ]
-        unscaled, finite = _common.unscale_and_check(
-            raw, tf.constant(1.0) if already else state.scale
-        )
+        unscaled, finite = _common.unscale_and_check(raw, tf.constant(1.0) if already else scale)
         unscaled = [u if r is not None else g for u, r, g in zip(unscaled, raw, grads, strict=True)]
         finite = _common.all_replicas_finite(finite)
 
-        done = self._apply_if_finite(finite, unscaled, trainable_variables, state_vars, state)
+        done = self._apply_if_finite(finite, unscaled, trainable_variables, state_vars)
         with tf.control_dependencies([done] if done is not None else []):
             _common.write_summaries(state_vars[0], state_vars[2], self.iterations)
         return None
@@ -297,7 +295,6 @@ class KerasLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         grads: list[Any],
         trainable_variables: Sequence[Any] | None,
         state_vars: list[Any],
-        state: LossScaleState,
     ) -> tf.Tensor | None:
         """Runs the inner optimizer only when ``finite``; skipped steps touch nothing.
 
@@ -315,7 +312,6 @@ class KerasLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
                 lambda: inner_apply(grads, trainable_variables),
                 policy,
                 state_vars,
-                state,
                 warn,
                 max_skips,
             )
@@ -326,11 +322,7 @@ class KerasLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             def apply_each() -> None:
                 distribution.extended.call_for_each_replica(inner_apply, args=(grads, variables))
 
-            # Read again here: values are identical on all replicas, and this context owns them.
-            local_state = _common.read_state(state_vars)
-            _common.apply_or_skip(
-                first, apply_each, policy, state_vars, local_state, warn, max_skips
-            )
+            _common.apply_or_skip(first, apply_each, policy, state_vars, warn, max_skips)
 
         tf.distribute.get_replica_context().merge_call(
             cross_replica, args=(finite, grads, trainable_variables)

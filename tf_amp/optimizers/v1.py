@@ -244,13 +244,11 @@ class V1LossScaleOptimizer(_V1Optimizer):
             )
             return distribution.group(per_replica) if per_replica is not None else None
 
-        state = _common.read_state(self._state_vars)
         applied = _common.apply_or_skip(
             finite,
             apply_fn,
             self._policy,
             self._state_vars,
-            state,
             self.floor_warning_skips,
             self.max_consecutive_skips,
         )
