@@ -331,3 +331,23 @@ def test_control_inputs_are_never_rewired() -> None:
     mm.input.extend(["^w", *data])
     out = rewrite_graph_def(gd, RewriteConfig(fold_constant_casts=False)).graph_def
     assert list(node(out, "mm").input) == ["^w", "x-0-CastToFp16-tf_amp", "w-0-CastToFp16-tf_amp"]
+
+
+def test_name_preserving_mode_on_a_training_graph_with_a_v1_loop(tf1_graph) -> None:  # noqa: ANN001
+    # what the TF1 Session adapter runs: every original tensor name keeps its dtype, the graph
+    # (loop, optimizer, initializers) still trains
+    cfg = RewriteConfig(preserve_names=True, preserve_nodes=frozenset(tf1_graph.fetches))
+    result = rewrite_graph_def(tf1_graph.graph_def, cfg)
+    assert "while/MatMul" in result.report.renamed
+    before, after = tf.Graph(), tf.Graph()
+    with before.as_default():
+        tf.graph_util.import_graph_def(tf1_graph.graph_def, name="")
+    with after.as_default():
+        tf.graph_util.import_graph_def(result.graph_def, name="")
+    for op in before.get_operations():
+        new_op = after.get_operation_by_name(op.name)
+        assert [t.dtype for t in new_op.outputs] == [t.dtype for t in op.outputs], op.name
+    x = np.linspace(-1, 1, 128, dtype=np.float32).reshape(8, 16)
+    want = run(tf1_graph.graph_def, ["loss:0", "train"], {"x": x}, init="init")[0]
+    got = run(result.graph_def, ["loss:0", "train"], {"x": x}, init="init")[0]
+    np.testing.assert_allclose(got, want, rtol=2e-2)
