@@ -441,3 +441,14 @@ def test_checkpoint_restores_into_a_fresh_unbuilt_wrapper(tmp_path):
     status.assert_consumed()
     assert (float(opt2.loss_scale), int(opt2.skipped_steps), int(opt2.iterations)) == (4.0, 2, 4)
     assert bit_equal(snapshot(model2, opt2), snapshot(model, opt))
+
+
+def test_accepts_the_argument_names_of_the_tf2_and_keras_wrappers():
+    opt = tf_amp.LossScaleOptimizer(
+        keras.optimizers.SGD(), initial_scale=2.0**10, dynamic_growth_steps=50
+    )
+    assert opt.loss_scale_policy == DynamicLossScale(2.0**10, growth_interval=50)
+    static = tf_amp.LossScaleOptimizer(keras.optimizers.SGD(), dynamic=False, initial_scale=64)
+    assert static.loss_scale_policy == StaticLossScale(64.0)
+    with pytest.raises(ValueError, match="not both"):
+        tf_amp.LossScaleOptimizer(keras.optimizers.SGD(), 128, initial_scale=2.0)

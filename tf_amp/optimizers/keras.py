@@ -56,6 +56,31 @@ _INNER_ONLY_ARGS = {
 _STATE_FIELDS = LossScaleState._fields
 
 
+def _legacy_loss_scale(loss_scale: Any, kwargs: dict[str, Any]) -> Any:
+    """Accepts the argument names of ``tf.keras.mixed_precision.LossScaleOptimizer`` (TF2) and
+    ``keras.optimizers.LossScaleOptimizer``: ``dynamic``, ``initial_scale``,
+    ``dynamic_growth_steps``, so code written for them can switch by changing the class."""
+    legacy = {
+        k: kwargs.pop(k)
+        for k in ("dynamic", "initial_scale", "dynamic_growth_steps")
+        if k in kwargs
+    }
+    if not legacy:
+        return loss_scale
+    if loss_scale != "dynamic":
+        raise ValueError(
+            f"pass either loss_scale or {sorted(legacy)}, not both (got loss_scale={loss_scale!r})"
+        )
+    if legacy.get("dynamic", True):
+        return loss_scale_lib.DynamicLossScale(
+            initial_scale=legacy.get("initial_scale", 2.0**15),
+            growth_interval=legacy.get("dynamic_growth_steps", 2000),
+        )
+    if "dynamic_growth_steps" in legacy:
+        raise ValueError("dynamic_growth_steps has no meaning with dynamic=False")
+    return loss_scale_lib.StaticLossScale(legacy.get("initial_scale", 2.0**15))
+
+
 @keras.saving.register_keras_serializable(package="tf_amp")
 class KerasLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     """Dynamic or static loss scaling around a Keras 3 optimizer.
@@ -97,6 +122,7 @@ class KerasLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
                 f"KerasLossScaleOptimizer wraps a keras.optimizers.Optimizer, got "
                 f"{type(inner_optimizer).__name__}; {_common.SUPPORTED_MESSAGE}"
             )
+        loss_scale = _legacy_loss_scale(loss_scale, kwargs)
         for arg, default in _INNER_ONLY_ARGS.items():
             if arg in kwargs and kwargs.pop(arg) != default:
                 raise ValueError(
