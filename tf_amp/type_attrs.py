@@ -536,13 +536,18 @@ def build_body_view(
         vin = in_v[i]
         q = 0
         for position, text in enumerate(inputs):
-            if text.startswith("^"):
+            if text[:1] == "^":
                 if text[1:] not in index:
                     raise GraphRewriteError(
                         f"Node {names[i]!r} has control input {text!r} that names no node"
                     )
                 continue
-            src, p = resolve(text, names[i])
+            # Fast path (graph bodies): most inputs are "name" (port 0); names hold no ":".
+            src = None if is_function else index.get(text)
+            if src is not None:
+                p = 0
+            else:
+                src, p = resolve(text, names[i])
             if ins_i is not None and q >= len(ins_i):
                 raise GraphRewriteError(
                     f"Node {names[i]!r} ({ops[i]}) has more data inputs than its op allows"
