@@ -290,3 +290,21 @@ def test_mixed_dtypes_spanning_many_work_units():
         poisoned = [*grads[:target], tf.constant(values), *grads[target + 1:]]
         _, all_finite = ops.unscale_and_check_finite(poisoned, SCALE, use_native=True)
         assert bool(all_finite.numpy()) is False, f"nan in tensor {target} missed"
+
+
+def test_xla_compiled_functions_use_the_compilable_path():
+    # The native op has no XLA kernel: under jit_compile the TF ops are traced instead, and the
+    # results are the same bits.
+    grads = random_grads(tf.float16, [(9, 4)], seed=5) + random_grads(tf.float32, [(100,)])
+
+    @tf.function(jit_compile=True)
+    def compiled(a, b):
+        (ua, ub), ok = ops.unscale_and_check_finite([a, b], SCALE)
+        return ua, ub, ok
+
+    op_types = {op.type for op in compiled.get_concrete_function(*grads).graph.get_operations()}
+    assert "TfAmpUnscaleAndCheckFinite" not in op_types
+    ua, ub, ok = compiled(*grads)
+    assert bool(ok.numpy()) is True
+    assert_bitwise_equal(ua, numpy_reference(grads[0].numpy(), tf.float16, SCALE))
+    assert_bitwise_equal(ub, numpy_reference(grads[1].numpy(), tf.float32, SCALE))

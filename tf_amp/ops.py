@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import tensorflow as tf
+from tensorflow.python.ops import control_flow_util
 
 _LOG = logging.getLogger("tf_amp")
 _LIBRARY_BASENAME = "_tf_amp_ops.so"
@@ -70,6 +71,17 @@ def native_op_available() -> bool:
     return _load_native_module()[0] is not None
 
 
+def _tracing_for_xla() -> bool:
+    """True while tracing code that XLA will compile (``jit_compile=True``, TPU).
+
+    The native op has no XLA kernel; XLA fuses the TF-ops version into the surrounding step
+    anyway, so that is the right path there, not a degraded one.
+    """
+    if tf.executing_eagerly():
+        return False
+    return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
+
+
 def _dense_values(grad: Any) -> tf.Tensor:
     return grad.values if isinstance(grad, tf.IndexedSlices) else grad
 
@@ -111,7 +123,8 @@ def unscale_and_check_finite(
       grads: gradients as returned by ``tape.gradient``: dense tensors, ``tf.IndexedSlices``
         (only their values are unscaled and checked) or ``None`` (passed through).
       scale: the loss scale, a Python number or float32 scalar tensor.
-      use_native: ``None`` uses the native op when it is available; ``False`` forces the
+      use_native: ``None`` uses the native op when it is available, except while tracing for
+        XLA (``jit_compile=True``), where the TF ops compile and fuse; ``False`` forces the
         TF-ops path (tests, debugging); ``True`` raises if the native op is unavailable.
 
     Returns:
@@ -135,6 +148,8 @@ def unscale_and_check_finite(
     module, reason = _load_native_module()
     if use_native and module is None:
         raise RuntimeError(f"tf_amp native op requested but unavailable: {reason}")
+    if use_native is None and _tracing_for_xla():
+        use_native = False
     if module is not None and use_native is not False:
         unscaled, all_finite = module.tf_amp_unscale_and_check_finite(values, scale)
     else:
