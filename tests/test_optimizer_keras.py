@@ -452,3 +452,30 @@ def test_accepts_the_argument_names_of_the_tf2_and_keras_wrappers():
     assert static.loss_scale_policy == StaticLossScale(64.0)
     with pytest.raises(ValueError, match="not both"):
         tf_amp.LossScaleOptimizer(keras.optimizers.SGD(), 128, initial_scale=2.0)
+
+
+def test_saved_file_loads_in_a_fresh_process(tmp_path):
+    """load_model finds the wrapper class once tf_amp.optimizers is imported (registration)."""
+    import subprocess
+    import sys
+
+    model, (x, y) = tiny_model(), data()
+    model.compile(optimizer=tf_amp.LossScaleOptimizer(keras.optimizers.Adam(), 512), loss="mse")
+    model.fit(x, y, verbose=0)
+    path = os.path.join(tmp_path, "m.keras")
+    model.save(path)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = (
+        "import keras, tf_amp.optimizers\n"
+        f"m = keras.models.load_model({path!r})\n"
+        "print(type(m.optimizer).__name__, float(m.optimizer.loss_scale))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env=dict(os.environ, PYTHONPATH=root),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[-2:] == ["KerasLossScaleOptimizer", "512.0"]

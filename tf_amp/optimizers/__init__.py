@@ -8,6 +8,7 @@ optimizer); ``tf.compat.v1.train.Optimizer`` instances get
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from tf_amp.optimizers import _common
@@ -65,8 +66,18 @@ def LossScaleOptimizer(inner: Any, loss_scale: Any = "dynamic", **kwargs: Any) -
     )
 
 
+def custom_objects() -> dict[str, Any]:
+    """``custom_objects`` for ``keras.models.load_model`` of a file saved with the wrapper.
+
+    Not needed once ``tf_amp.optimizers`` is imported (that registers the class with Keras);
+    useful where the loading code imports nothing from tf_amp.
+    """
+    from tf_amp.optimizers.keras import KerasLossScaleOptimizer
+
+    return {"tf_amp>KerasLossScaleOptimizer": KerasLossScaleOptimizer}
+
+
 def __getattr__(name: str) -> Any:
-    # LossScaleCallback needs keras; resolve it lazily so v1-only users never import keras.
     if name == "LossScaleCallback":
         from tf_amp.optimizers.keras import LossScaleCallback
 
@@ -74,4 +85,18 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'tf_amp.optimizers' has no attribute {name!r}")
 
 
-__all__ = ["LossScaleOptimizer", "LossScaleCallback", "is_keras_optimizer", "is_v1_optimizer"]
+# Register the Keras wrapper with Keras's serialization as soon as this package is imported
+# (``tf_amp.LossScaleOptimizer`` imports it), so load_model finds the class. Only when Keras
+# is already loaded: importing TensorFlow loads it here anyway, and a TF1-only process that
+# never imported Keras should not pay for it.
+if "keras" in sys.modules:
+    from tf_amp.optimizers import keras as _keras_registration  # noqa: F401
+
+
+__all__ = [
+    "LossScaleCallback",
+    "LossScaleOptimizer",
+    "custom_objects",
+    "is_keras_optimizer",
+    "is_v1_optimizer",
+]
