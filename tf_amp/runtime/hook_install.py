@@ -19,13 +19,6 @@ import sys
 import sysconfig
 
 PTH_NAME = "tf_amp_autoenable.pth"
-# The same text as the shipped file (a test keeps them equal), for installs whose package data
-# does not include the file.
-PTH_TEXT = (
-    'import os; any(os.environ.get(v, "").strip() for v in ("TF_ENABLE_AUTO_MIXED_PRECISION", '
-    '"TF_ENABLE_AUTO_MIXED_PRECISION_GRAPH_REWRITE", "TF_ENABLE_AUTO_MIXED_PRECISION_LOSS_SCALING"'
-    ')) and __import__("tf_amp.runtime.autoenable")\n'
-)
 
 
 def source_path() -> str:
@@ -34,11 +27,9 @@ def source_path() -> str:
 
 
 def pth_text() -> str:
-    path = source_path()
-    if os.path.exists(path):
-        with open(path, encoding="utf-8") as f:
-            return f.read()
-    return PTH_TEXT
+    """The hook's one line, from the copy shipped as package data (pyproject.toml)."""
+    with open(source_path(), encoding="utf-8") as f:
+        return f.read()
 
 
 def target_path(site_dir: str | None = None) -> str:
