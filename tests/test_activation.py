@@ -13,6 +13,7 @@ import sys
 import textwrap
 import timeit
 from pathlib import Path
+from typing import Any
 
 import keras
 import numpy as np
@@ -67,29 +68,31 @@ def test_garbage_values_raise_naming_the_variable(name: str, value: str) -> None
 # ----------------------------------------------------------------------------- in process
 
 
+def _patched_attributes() -> list[tuple[Any, str]]:
+    """Every (owner, attribute) the full activation replaces."""
+    v1_opt = tf.compat.v1.train.Optimizer
+    return [
+        (tf, "function"),
+        (tf.compat.v1, "Session"),
+        (tf.GradientTape, "gradient"),
+        (v1_opt, "minimize"),
+        (v1_opt, "compute_gradients"),
+        (v1_opt, "apply_gradients"),
+        (keras.Model, "compile"),
+        (keras.optimizers.Optimizer, "apply"),
+    ]
+
+
 def test_activation_patches_and_restores_exactly() -> None:
-    originals = (
-        tf.function,
-        tf.compat.v1.Session,
-        tf.GradientTape.gradient,
-        tf.compat.v1.train.Optimizer.minimize,
-        keras.Model.compile,
-        keras.optimizers.Optimizer.apply,
-    )
+    originals = [getattr(owner, name) for owner, name in _patched_attributes()]
     with activation.activated(Settings(graph_rewrite=True, loss_scaling=True)):
-        assert activation.patch_count() == 6
+        assert activation.patch_count() == len(originals)
         from tf_amp.runtime.session import Session
 
         assert tf.compat.v1.Session is Session
-        assert tf.function is not originals[0]
-    current = (
-        tf.function,
-        tf.compat.v1.Session,
-        tf.GradientTape.gradient,
-        tf.compat.v1.train.Optimizer.minimize,
-        keras.Model.compile,
-        keras.optimizers.Optimizer.apply,
-    )
+        patched = [getattr(owner, name) for owner, name in _patched_attributes()]
+        assert not any(a is b for a, b in zip(originals, patched, strict=True))
+    current = [getattr(owner, name) for owner, name in _patched_attributes()]
     assert all(a is b for a, b in zip(originals, current, strict=True))
     assert activation.patch_count() == 0 and not activation.is_active()
     assert "make_train_function" not in vars(keras.Model)
@@ -384,3 +387,54 @@ def test_unmodified_custom_train_step_is_loss_scaled_correctly() -> None:
     assert mse_after < 0.3 * mse_before
     steps = int(after.good_steps) + int(after.skipped_steps)
     assert steps - int(before.good_steps) - int(before.skipped_steps) == 32
+
+
+TF1_COMPUTE_APPLY_SCRIPT = """
+    import numpy as np, tensorflow as tf
+    tf1 = tf.compat.v1
+    tf1.disable_eager_execution()
+    tf1.set_random_seed(0)
+    x = tf1.placeholder(tf.float32, [None, 8]); y = tf1.placeholder(tf.float32, [None, 1])
+    factor = tf1.placeholder_with_default(1.0, [])
+    w = tf1.get_variable("w", [8, 1], initializer=tf1.zeros_initializer())
+    loss = tf.reduce_mean((tf.matmul(x, w) - y) ** 2) * factor
+    true_grad = tf.gradients(loss, [w])[0]  # plain tf.gradients: never loss-scaled
+    step = tf1.train.get_or_create_global_step()
+    opt = tf1.train.MomentumOptimizer(0.05, 0.9)
+    grads_and_vars = opt.compute_gradients(loss)
+    clipped = [(tf.clip_by_norm(g, 100.0), v) for g, v in grads_and_vars]
+    train_op = opt.apply_gradients(clipped, global_step=step)
+    scale = [v for v in tf1.global_variables() if v.name.endswith("loss_scale_scale:0")]
+    print("scale variables:", [v.name for v in scale])
+    rng = np.random.default_rng(0)
+    xs = rng.random((32, 8), dtype=np.float32); ys = xs.sum(1, keepdims=True)
+    with tf1.Session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        first = sess.run(loss, {x: xs, y: ys})
+        for _ in range(30):
+            sess.run(train_op, {x: xs, y: ys})
+        # Once the scale has settled below overflow, compute_gradients returns true gradients.
+        g, tg = sess.run([grads_and_vars[0][0], true_grad], {x: xs, y: ys})
+        print("grad ratio:", float(np.abs(g).sum() / np.abs(tg).sum()))
+        before = sess.run([w, step, scale[0]])
+        sess.run(train_op, {x: xs, y: ys, factor: np.inf})
+        after = sess.run([w, step, scale[0]])
+        print("trained:", first, sess.run(loss, {x: xs, y: ys}))
+        print("w unchanged:", bool(np.array_equal(before[0], after[0])))
+        print("steps:", before[1], after[1], "scales:", before[2], after[2])
+"""
+
+
+def test_env_tf1_compute_then_apply_gradients_is_loss_scaled(tmp_path: Path) -> None:
+    """No minimize(): compute_gradients (clipped in between) then apply_gradients(global_step)."""
+    out = _run(_write(tmp_path, "tf1.py", TF1_COMPUTE_APPLY_SCRIPT), tmp_path, {ENV_ENABLE: "1"})
+    assert "LossScaleMomentum/loss_scale_scale:0" in out.split("scale variables:")[1].split("\n")[0]
+    ratio = float(out.split("grad ratio:")[1].split()[0])
+    assert abs(ratio - 1) < 1e-2  # unscaled: the true gradient, not 2**15 times it
+    first, last = (float(v) for v in out.split("trained:")[1].split()[:2])
+    assert last < 0.1 * first
+    assert "w unchanged: True" in out
+    fields = out.split("steps:")[1].split()
+    assert fields[0] == fields[1]  # global_step did not move on the skipped step
+    assert 25 <= int(fields[0]) < 30  # nor on the early overflows while the scale settled
+    assert float(fields[4]) == float(fields[3]) / 2

@@ -21,8 +21,10 @@ at startup does not import TensorFlow):
   ``predict`` step (:mod:`tf_amp.runtime.keras_fit`).
 * loss scaling: ``keras.Model.compile`` wraps the optimizer in ``tf_amp.LossScaleOptimizer``;
   ``tf.compat.v1.train.Optimizer.minimize`` goes through a (cached) ``LossScaleOptimizer`` of the
-  optimizer; in custom loops, ``tf.GradientTape.gradient`` called from user code scales the loss
-  and the next Keras ``optimizer.apply`` / ``apply_gradients`` skips the step on overflow
+  optimizer, and so do ``compute_gradients`` / ``apply_gradients`` called by user code (the
+  wrapper's unscaled gradients; its skip-on-overflow apply); in custom loops,
+  ``tf.GradientTape.gradient`` called from user code scales the loss and the next Keras
+  ``optimizer.apply`` / ``apply_gradients`` skips the step on overflow
   (:mod:`tf_amp.runtime.auto_loss_scale`).
 
 Scoping: nothing changes unless activated; :func:`activated` is a context manager for tests and
@@ -309,6 +311,20 @@ def _patch_tensorflow(tf: Any) -> None:
             v1_optimizer = tf.compat.v1.train.Optimizer
             _PATCHES.set(
                 v1_optimizer, "minimize", auto_loss_scale.v1_minimize_patch(v1_optimizer.minimize)
+            )
+            _PATCHES.set(
+                v1_optimizer,
+                "compute_gradients",
+                auto_loss_scale.v1_compute_gradients_patch(
+                    v1_optimizer.compute_gradients, _is_user_caller
+                ),
+            )
+            _PATCHES.set(
+                v1_optimizer,
+                "apply_gradients",
+                auto_loss_scale.v1_apply_gradients_patch(
+                    v1_optimizer.apply_gradients, _is_user_caller
+                ),
             )
             _PATCHES.set(
                 tf.GradientTape,

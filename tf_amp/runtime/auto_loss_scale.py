@@ -3,8 +3,10 @@
 An unmodified script does not call ``scale_loss``. Three shapes of script are covered:
 
 * Keras ``fit``: ``compile`` wraps the optimizer (see :mod:`tf_amp.runtime.keras_fit`).
-* TF1 ``optimizer.minimize(loss)``: routed through a ``tf_amp.LossScaleOptimizer`` of the same
-  optimizer, created once per optimizer and cached on it (:func:`v1_minimize_patch`).
+* TF1 ``optimizer.minimize(loss)``, or ``compute_gradients`` then ``apply_gradients`` (with
+  clipping or anything else in between): routed through a ``tf_amp.LossScaleOptimizer`` of the
+  same optimizer, created once per optimizer and cached on it (:func:`v1_minimize_patch`,
+  :func:`v1_compute_gradients_patch`, :func:`v1_apply_gradients_patch`).
 * A custom loop: ``grads = tape.gradient(loss, vars)`` then ``opt.apply_gradients(...)``.
   :func:`gradient_patch` seeds the backward pass with ``scale`` instead of 1 (the same as
   differentiating ``loss * scale``, but needs nothing recorded on the tape), unscales and checks
@@ -19,8 +21,9 @@ The scale of the custom-loop path lives in non-trainable variables named
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import tensorflow as tf
@@ -139,22 +142,87 @@ def keras_apply_patch(original: Callable[..., Any]) -> Callable[..., Any]:
     return apply
 
 
+def _v1_wrapper(optimizer: Any) -> Any:
+    """The cached ``tf_amp.LossScaleOptimizer`` of a v1 optimizer (created on first need).
+
+    One wrapper per optimizer, so ``minimize``, ``compute_gradients`` and ``apply_gradients``
+    share one loss scale, and its state variables (global variables) are saved by ``Saver``.
+    """
+    wrapper = optimizer.__dict__.get("_tf_amp_auto_wrapper")
+    if wrapper is None:
+        from tf_amp.optimizers import LossScaleOptimizer
+
+        wrapper = LossScaleOptimizer(optimizer, loss_scale="dynamic")
+        optimizer.__dict__["_tf_amp_auto_wrapper"] = wrapper
+    return wrapper
+
+
+@contextlib.contextmanager
+def _inside_wrapper() -> Iterator[None]:
+    """Marks this thread as running a wrapper call: its calls back into the (patched) inner
+    optimizer must reach the original methods, even from a user subclass's override."""
+    local = _STATE["local"]
+    local.depth = getattr(local, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        local.depth -= 1
+
+
+def _passes_through(optimizer: Any) -> bool:
+    return (
+        getattr(optimizer, "_tf_amp_loss_scale_wrapper", False)
+        or getattr(_STATE["local"], "depth", 0) > 0
+    )
+
+
 def v1_minimize_patch(original: Callable[..., Any]) -> Callable[..., Any]:
     """``tf.compat.v1.train.Optimizer.minimize`` through a cached loss-scale wrapper."""
 
     def minimize(self: Any, loss: Any, *args: Any, **kwargs: Any) -> Any:
-        if getattr(self, "_tf_amp_loss_scale_wrapper", False):
+        if _passes_through(self):
             return original(self, loss, *args, **kwargs)
-        wrapper = self.__dict__.get("_tf_amp_auto_wrapper")
-        if wrapper is None:
-            from tf_amp.optimizers import LossScaleOptimizer
-
-            wrapper = LossScaleOptimizer(self, loss_scale="dynamic")
-            self.__dict__["_tf_amp_auto_wrapper"] = wrapper
-        return wrapper.minimize(loss, *args, **kwargs)
+        with _inside_wrapper():
+            return _v1_wrapper(self).minimize(loss, *args, **kwargs)
 
     minimize.__wrapped__ = original  # type: ignore[attr-defined]
     return minimize
+
+
+def v1_compute_gradients_patch(
+    original: Callable[..., Any], is_user_caller: Callable[[], bool]
+) -> Callable[..., Any]:
+    """``Optimizer.compute_gradients`` called by user code: gradients of the scaled loss,
+    unscaled (the wrapper's ``compute_gradients``), so a script that clips or inspects them
+    between ``compute_gradients`` and ``apply_gradients`` sees true gradients."""
+
+    def compute_gradients(self: Any, loss: Any, *args: Any, **kwargs: Any) -> Any:
+        if _passes_through(self) or not is_user_caller():
+            return original(self, loss, *args, **kwargs)
+        with _inside_wrapper():
+            return _v1_wrapper(self).compute_gradients(loss, *args, **kwargs)
+
+    compute_gradients.__wrapped__ = original  # type: ignore[attr-defined]
+    return compute_gradients
+
+
+def v1_apply_gradients_patch(
+    original: Callable[..., Any], is_user_caller: Callable[[], bool]
+) -> Callable[..., Any]:
+    """``Optimizer.apply_gradients`` called by user code on an optimizer that has a loss-scale
+    wrapper (it scaled a loss in ``compute_gradients`` or ``minimize``): the wrapper applies
+    under its finite check, so a non-finite step changes no variable, slot or ``global_step``,
+    and moves the scale. Optimizers that never scaled a loss apply as before."""
+
+    def apply_gradients(self: Any, grads_and_vars: Any, *args: Any, **kwargs: Any) -> Any:
+        wrapper = v1_wrapper_of(self)
+        if wrapper is None or _passes_through(self) or not is_user_caller():
+            return original(self, grads_and_vars, *args, **kwargs)
+        with _inside_wrapper():
+            return wrapper.apply_gradients(grads_and_vars, *args, **kwargs)
+
+    apply_gradients.__wrapped__ = original  # type: ignore[attr-defined]
+    return apply_gradients
 
 
 def v1_wrapper_of(optimizer: Any) -> Any:
