@@ -42,6 +42,12 @@ def cnn() -> keras.Model:
     )
 
 
+def deep_mlp() -> keras.Model:
+    keras.utils.set_random_seed(0)
+    layers = [keras.layers.Dense(32, activation="relu") for _ in range(60)]
+    return keras.Sequential([keras.Input((32,)), *layers, keras.layers.Dense(10)])
+
+
 def optimizers() -> dict[str, keras.optimizers.Optimizer]:
     return {
         "adam": keras.optimizers.Adam(1e-3),
@@ -115,6 +121,24 @@ def main() -> None:
     print(f"tf_amp / keras_lso (best): {best['tf_amp'] / best['keras_lso']:.3f}  (goal < 1)")
     optimizer_step_only(models, x[: args.batch], y[: args.batch], args.rounds)
     ops_per_applied_step(models)
+
+    # Many small tensors (a 61-layer MLP, 122 gradients): Keras checks each gradient with its
+    # own ops, tf_amp with one fused op, so the gap grows with the parameter list.
+    deep_models = {}
+    for name, optimizer in optimizers().items():
+        model = deep_mlp()
+        model.compile(optimizer=optimizer, loss="mse")
+        deep_models[name] = model
+    x_deep = rng.normal(size=(args.batch, 32)).astype("float32")
+    print("deep MLP, 122 gradients:")
+    optimizer_step_only(
+        deep_models,
+        x_deep,
+        rng.integers(0, 10, size=(args.batch,)),
+        max(3, args.rounds // 3),
+        calls=20,
+    )
+    ops_per_applied_step(deep_models)
 
 
 def optimizer_step_only(
