@@ -23,6 +23,9 @@ from tf_amp.optimizers import LossScaleOptimizer, _common
 
 _LOCK = threading.Lock()
 _ENABLED = False
+# Whether enable_... installed the Keras compile hook (and so disable_... may remove it; the
+# environment activation manages its own patch).
+_INSTALLED_COMPILE_HOOK = False
 
 
 def enable_mixed_precision_graph_rewrite(
@@ -39,23 +42,43 @@ def enable_mixed_precision_graph_rewrite(
       ValueError: ``opt`` is already loss-scaled (by tf_amp or Keras); pass the original.
       TypeError: ``opt`` is not a supported optimizer; the message says what to pass.
     """
-    global _ENABLED
+    global _ENABLED, _INSTALLED_COMPILE_HOOK
     wrapped = LossScaleOptimizer(opt, loss_scale=loss_scale, **kwargs)
     setattr(wrapped, _common.GRAPH_REWRITE_ATTR, True)
     with _LOCK:
         _ENABLED = True
+        if _is_keras_optimizer(wrapped) and not _INSTALLED_COMPILE_HOOK:
+            # model.compile(optimizer=wrapped) must hook fit/evaluate/predict to the rewrite.
+            from tf_amp.runtime import keras_fit
+
+            keras_fit.install_compile_hook()
+            _INSTALLED_COMPILE_HOOK = True
     return wrapped
+
+
+def _is_keras_optimizer(opt: Any) -> bool:
+    import keras
+
+    return isinstance(opt, keras.optimizers.Optimizer)
 
 
 def disable_mixed_precision_graph_rewrite() -> None:
     """Turns the process-wide rewrite flag off; optimizers already wrapped keep loss scaling.
 
+    Also removes the ``keras.Model.compile`` hook that ``enable_...`` installed, so models
+    compiled afterwards stay float32 (models already compiled keep theirs until recompiled).
+
     Wrapped optimizers also lose their ``_tf_amp_graph_rewrite`` mark only if re-created, as in
     TF1: disabling affects graphs built afterwards.
     """
-    global _ENABLED
+    global _ENABLED, _INSTALLED_COMPILE_HOOK
     with _LOCK:
         _ENABLED = False
+        if _INSTALLED_COMPILE_HOOK:
+            from tf_amp.runtime import keras_fit
+
+            keras_fit.uninstall_compile_hook()
+            _INSTALLED_COMPILE_HOOK = False
 
 
 def is_rewrite_enabled() -> bool:

@@ -1,0 +1,54 @@
+"""``enable_mixed_precision_graph_rewrite(opt)`` alone connects Keras ``fit`` to the rewrite.
+
+No fixture installs anything here: the wrapper returned by ``enable_...`` must be enough for
+``compile`` + ``fit`` to run the float16 step, and ``disable_...`` must undo the hook it made.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import tf_amp
+from tests.e2e_helpers import HEAVY_OPS, half_ops_of_functions
+from tf_amp.runtime import keras_fit
+
+
+def _compiled_model(optimizer: keras.optimizers.Optimizer) -> keras.Model:
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Conv2D(4, 3),
+                              keras.layers.Flatten(), keras.layers.Dense(3)])
+    model.compile(optimizer=optimizer, jit_compile=False,
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def test_enable_then_compile_and_fit_runs_float16_and_disable_undoes_the_hook():
+    original_compile = keras.Model.compile
+    x = np.random.default_rng(0).random((32, 8, 8, 1), dtype=np.float32)
+    y = np.arange(32, dtype=np.int32) % 3
+    try:
+        opt = tf_amp.enable_mixed_precision_graph_rewrite(keras.optimizers.SGD(0.1))
+        model = _compiled_model(opt)
+        assert keras_fit.is_installed(model)
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+        train = keras_fit.rewritten_functions(model)["train"]
+        assert half_ops_of_functions(train.concrete_functions()) & HEAVY_OPS
+        assert int(opt.iterations) == 2
+    finally:
+        tf_amp.disable_mixed_precision_graph_rewrite()
+    assert keras.Model.compile is original_compile
+    plain = _compiled_model(keras.optimizers.SGD(0.1))
+    assert not keras_fit.is_installed(plain)
+
+
+def test_v1_optimizers_do_not_touch_keras():
+    original_compile = keras.Model.compile
+    try:
+        opt = tf_amp.enable_mixed_precision_graph_rewrite(
+            tf.compat.v1.train.GradientDescentOptimizer(0.1))
+        assert keras.Model.compile is original_compile
+        assert opt._tf_amp_graph_rewrite
+    finally:
+        tf_amp.disable_mixed_precision_graph_rewrite()
