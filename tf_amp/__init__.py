@@ -31,6 +31,8 @@ _LAZY_EXPORTS: dict[str, str] = {
     "StaticLossScale": "tf_amp.loss_scale",
     "DynamicLossScale": "tf_amp.loss_scale",
     "LossScaleOptimizer": "tf_amp.optimizers",
+    "LossScaleCallback": "tf_amp.optimizers",
+    "custom_objects": "tf_amp.optimizers",
     "enable_mixed_precision_graph_rewrite": "tf_amp.enable",
     "disable_mixed_precision_graph_rewrite": "tf_amp.enable",
     # running rewritten graphs
