@@ -12,6 +12,7 @@ process, and must cost nothing measurable when the variable is unset.
 from __future__ import annotations
 
 import importlib
+import logging
 from typing import Any
 
 __version__ = "0.1.0"
@@ -42,6 +43,32 @@ _LAZY_EXPORTS: dict[str, str] = {
 }
 
 __all__ = sorted([*_LAZY_EXPORTS, "__version__"])
+
+
+class _StderrUntilLoggingIsConfigured(logging.StreamHandler):
+    """Shows tf_amp's INFO lines ("Converted X/Y nodes ...") in scripts that set up no logging.
+
+    TensorFlow's own pass printed that line by default, and users look for it. Once the
+    application configures logging (a handler on the root logger: ``basicConfig``, absl), the
+    records reach it by propagation and this handler stays quiet, so nothing is printed twice.
+    """
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not logging.getLogger().handlers:
+            super().emit(record)
+
+
+def _install_default_log_handler() -> None:
+    logger = logging.getLogger("tf_amp")
+    if logger.level == logging.NOTSET:
+        logger.setLevel(logging.INFO)
+    if not any(isinstance(h, _StderrUntilLoggingIsConfigured) for h in logger.handlers):
+        handler = _StderrUntilLoggingIsConfigured()
+        handler.setFormatter(logging.Formatter("tf_amp: %(message)s"))
+        logger.addHandler(handler)
+
+
+_install_default_log_handler()
 
 
 def __getattr__(name: str) -> Any:
