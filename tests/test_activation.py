@@ -19,6 +19,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.python.training import session_manager
 
 from tests.e2e_helpers import half_ops
 from tf_amp.runtime import activation, auto_loss_scale
@@ -74,6 +75,8 @@ def _patched_attributes() -> list[tuple[Any, str]]:
     return [
         (tf, "function"),
         (tf.compat.v1, "Session"),
+        (tf.compat.v1, "InteractiveSession"),
+        (session_manager, "session"),
         (tf.GradientTape, "gradient"),
         (v1_opt, "minimize"),
         (v1_opt, "compute_gradients"),
@@ -183,6 +186,13 @@ def test_unmodified_custom_loop_scales_the_loss_and_skips_overflow() -> None:
 
 def _run(script: Path, tmp_path: Path, env: dict[str, str], timeout: float = 150) -> str:
     """Runs ``script`` as __main__ after processing the .pth as Python's startup does."""
+    return _run_args(script, [], tmp_path, env, timeout)
+
+
+def _run_args(
+    script: Path, args: list[str], tmp_path: Path, env: dict[str, str], timeout: float = 150
+) -> str:
+    """:func:`_run` with command-line arguments for the script (``sys.argv[1:]``)."""
     site_dir = tmp_path / "site"
     site_dir.mkdir(exist_ok=True)
     (site_dir / PTH.name).write_text(PTH.read_text())
@@ -196,7 +206,7 @@ def _run(script: Path, tmp_path: Path, env: dict[str, str], timeout: float = 150
     )
     full_env.update(env)
     proc = subprocess.run(
-        [sys.executable, "-c", bootstrap, str(site_dir), str(script)],
+        [sys.executable, "-c", bootstrap, str(site_dir), str(script), *args],
         env=full_env,
         capture_output=True,
         text=True,
@@ -438,3 +448,71 @@ def test_env_tf1_compute_then_apply_gradients_is_loss_scaled(tmp_path: Path) -> 
     assert fields[0] == fields[1]  # global_step did not move on the skipped step
     assert 25 <= int(fields[0]) < 30  # nor on the early overflows while the scale settled
     assert float(fields[4]) == float(fields[3]) / 2
+
+
+TF1_INTERACTIVE_AND_MONITORED_SCRIPT = """
+    import sys
+    import numpy as np, tensorflow as tf
+    tf1 = tf.compat.v1
+    tf1.disable_eager_execution()
+    rng = np.random.default_rng(0)
+    xs = rng.random((32, 8), dtype=np.float32); ys = xs.sum(1, keepdims=True)
+
+    def build():
+        tf1.set_random_seed(0)
+        x = tf1.placeholder(tf.float32, [None, 8]); y = tf1.placeholder(tf.float32, [None, 1])
+        w = tf1.get_variable("w", [8, 1], initializer=tf1.zeros_initializer())
+        loss = tf.reduce_mean((tf.matmul(x, w) - y) ** 2)
+        step = tf1.train.get_or_create_global_step()
+        train_op = tf1.train.MomentumOptimizer(0.05, 0.9).minimize(loss, global_step=step)
+        return x, y, loss, step, train_op
+
+    with tf.Graph().as_default():
+        x, y, loss, step, train_op = build()
+        sess = tf1.InteractiveSession()
+        print("interactive:", type(sess).__module__, isinstance(sess, tf1.InteractiveSession))
+        tf1.global_variables_initializer().run()
+        first = loss.eval({x: xs, y: ys})
+        for _ in range(30):
+            train_op.run({x: xs, y: ys})
+        print("interactive trained:", first, loss.eval({x: xs, y: ys}))
+        sess.close()
+        print("default after close:", tf1.get_default_session())
+
+    class Probe(tf1.train.SessionRunHook):
+        def after_create_session(self, session, coord):
+            print("monitored raw:", type(session).__module__)
+
+    for last_step in (15, 30):  # the second run resumes from the checkpoint of the first
+        with tf.Graph().as_default():
+            x, y, loss, step, train_op = build()
+            hooks = [tf1.train.StopAtStepHook(last_step=last_step), Probe()]
+            with tf1.train.MonitoredTrainingSession(
+                checkpoint_dir=sys.argv[1], hooks=hooks, save_summaries_steps=None,
+                log_step_count_steps=None,
+            ) as mon:
+                print("resumed at:", mon.run(step))
+                while not mon.should_stop():
+                    _, value = mon.run([train_op, loss], {x: xs, y: ys})
+            print("monitored loss:", value)
+    ckpt = tf.train.latest_checkpoint(sys.argv[1])
+    print("saved:", sorted(name for name, _ in tf.train.list_variables(ckpt)))
+"""
+
+
+def test_env_tf1_interactive_and_monitored_sessions_run_the_rewrite(tmp_path: Path) -> None:
+    script = _write(tmp_path, "tf1.py", TF1_INTERACTIVE_AND_MONITORED_SCRIPT)
+    logs = tmp_path / "logs"
+    out = _run_args(
+        script, [str(tmp_path / "ckpt")], tmp_path, {ENV_ENABLE: "1", "TF_AMP_LOG_PATH": str(logs)}
+    )
+    assert "interactive: tf_amp.runtime.session True" in out
+    first, last = (float(v) for v in out.split("interactive trained:")[1].split()[:2])
+    assert last < 0.1 * first
+    assert "default after close: None" in out
+    assert out.count("monitored raw: tf_amp.runtime.session") == 2
+    resumed = [int(line.split()[-1]) for line in out.splitlines() if line.startswith("resumed")]
+    assert resumed[0] == 0 and 5 <= resumed[1] <= 15  # early overflow steps do not count
+    assert "MatMul" in _half_ops_in_logs(logs)
+    saved = out.split("saved:")[1]
+    assert "LossScaleMomentum/loss_scale_scale" in saved  # the Saver of the hooks saves it

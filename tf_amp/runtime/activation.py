@@ -17,8 +17,11 @@ at startup does not import TensorFlow):
 
 * graph rewrite: ``tf.function`` returns ``tf_amp.function`` for user functions (functions
   defined in TensorFlow's or Keras's own modules keep the original); ``tf.compat.v1.Session`` is
-  ``tf_amp.Session``; ``keras.Model.compile`` installs the rewritten ``fit``/``evaluate``/
-  ``predict`` step (:mod:`tf_amp.runtime.keras_fit`).
+  ``tf_amp.Session`` and ``tf.compat.v1.InteractiveSession`` its interactive form;
+  ``MonitoredSession`` / ``MonitoredTrainingSession`` / ``Supervisor`` get ``tf_amp.Session``
+  from ``SessionManager`` (its module reference to ``session`` is patched);
+  ``keras.Model.compile`` installs the rewritten ``fit``/``evaluate``/``predict`` step
+  (:mod:`tf_amp.runtime.keras_fit`).
 * loss scaling: ``keras.Model.compile`` wraps the optimizer in ``tf_amp.LossScaleOptimizer``;
   ``tf.compat.v1.train.Optimizer.minimize`` goes through a (cached) ``LossScaleOptimizer`` of the
   optimizer, and so do ``compute_gradients`` / ``apply_gradients`` called by user code (the
@@ -301,10 +304,14 @@ def _patch_tensorflow(tf: Any) -> None:
             return
         _PATCHED_MODULES.add("tensorflow")
         if _ACTIVE.graph_rewrite:
-            from tf_amp.runtime.session import Session
+            from tensorflow.python.training import session_manager
+
+            from tf_amp.runtime.session import InteractiveSession, Session, SessionModuleShim
 
             _PATCHES.set(tf, "function", _make_function_patch(tf.function))
             _PATCHES.set(tf.compat.v1, "Session", Session)
+            _PATCHES.set(tf.compat.v1, "InteractiveSession", InteractiveSession)
+            _PATCHES.set(session_manager, "session", SessionModuleShim(session_manager.session))
         if _ACTIVE.loss_scaling:
             from tf_amp.runtime import auto_loss_scale
 

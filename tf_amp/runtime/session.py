@@ -28,6 +28,7 @@ from typing import Any
 
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
+from tensorflow.core.protobuf import config_pb2
 from tensorflow.python.client import session as session_lib
 from tensorflow.python.framework import importer
 
@@ -194,3 +195,48 @@ class Session(session_lib.Session):
     def close(self) -> None:
         self._amp_inner.close()
         super().close()
+
+
+class InteractiveSession(Session, session_lib.InteractiveSession):
+    """``tf.compat.v1.InteractiveSession`` running the rewritten graph.
+
+    It installs itself as the default session on construction (TensorFlow's
+    ``InteractiveSession.__init__`` runs in the chain), so ``Tensor.eval()`` and
+    ``Operation.run()`` reach :meth:`Session.run` and run the rewritten graph; ``close()``
+    uninstalls it. ``isinstance(sess, tf.compat.v1.InteractiveSession)`` stays true.
+    """
+
+    def __init__(
+        self,
+        target: str = "",
+        graph: tf.Graph | None = None,
+        config: Any = None,
+        *,
+        rewrite_config: Any = None,
+    ) -> None:
+        # TensorFlow's InteractiveSession defaults, applied here so the private session that
+        # runs the rewritten graph gets them too (pruned placement: fetch part of a graph whose
+        # other ops cannot be placed).
+        if not config:
+            config = config_pb2.ConfigProto(gpu_options=config_pb2.GPUOptions(allow_growth=True))
+        config.graph_options.place_pruned_graph = True
+        super().__init__(target, graph, config, rewrite_config=rewrite_config)
+
+
+class SessionModuleShim:
+    """Stands in for ``tensorflow.python.client.session`` inside ``session_manager``.
+
+    ``tf.compat.v1.train.MonitoredSession``, ``MonitoredTrainingSession`` and ``Supervisor``
+    create their sessions through ``SessionManager``, which calls ``session.Session(...)`` on
+    its own module reference, never ``tf.compat.v1.Session``. Replacing that one reference
+    (patched and restored by the activation) makes them create :class:`Session`; every other
+    attribute is the real module's.
+    """
+
+    Session = Session
+
+    def __init__(self, real_module: Any) -> None:
+        self._real = real_module
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
