@@ -516,3 +516,105 @@ def test_env_tf1_interactive_and_monitored_sessions_run_the_rewrite(tmp_path: Pa
     assert "MatMul" in _half_ops_in_logs(logs)
     saved = out.split("saved:")[1]
     assert "LossScaleMomentum/loss_scale_scale" in saved  # the Saver of the hooks saves it
+
+
+CUSTOM_LOOP_CHECKPOINT_SCRIPT = """
+    import sys
+    import numpy as np, tensorflow as tf, keras
+    from tf_amp.runtime import auto_loss_scale  # only to print the state; training is unmodified
+    ckpt_dir, phase = sys.argv[1], sys.argv[2]
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+    opt = keras.optimizers.SGD(0.01)
+    ckpt = tf.train.Checkpoint(model=model, optimizer=opt)
+    manager = tf.train.CheckpointManager(ckpt, ckpt_dir, max_to_keep=1)
+    ckpt.restore(manager.latest_checkpoint)  # nothing on the first run; deferred otherwise
+    x = np.random.rand(32, 8).astype("float32"); y = x.sum(1, keepdims=True)
+
+    @tf.function
+    def step(factor):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean((model(x) - y) ** 2) * factor
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+
+    if phase == "first":
+        for _ in range(5):
+            step(tf.constant(1.0))
+        step(tf.constant(np.inf))  # an overflow: the scale halves, good_steps restarts
+        for _ in range(7):
+            step(tf.constant(1.0))
+    else:
+        for _ in range(3):
+            step(tf.constant(1.0))
+    state = auto_loss_scale.current_state()
+    print("state:", float(state.scale), int(state.good_steps), int(state.skipped_steps))
+    print("saved:", manager.save())
+"""
+
+
+def test_env_custom_loop_checkpoint_resumes_the_loss_scale_schedule(tmp_path: Path) -> None:
+    """tf.train.Checkpoint(optimizer=opt) carries the env-mode scale; a new process resumes it."""
+    script = _write(tmp_path, "loop.py", CUSTOM_LOOP_CHECKPOINT_SCRIPT)
+    ckpt_dir = str(tmp_path / "ckpt")
+    first = _run_args(script, [ckpt_dir, "first"], tmp_path, {ENV_ENABLE: "1"})
+    scale, good, skipped = first.split("state:")[1].split()[:3]
+    assert float(scale) < 2.0**15 and int(good) == 7 and int(skipped) >= 1
+    saved = first.split("saved:")[1].split()[0]
+    names = {name for name, _ in tf.train.list_variables(saved)}
+    assert f"optimizer/{auto_loss_scale.STATE_NAME}_scale/.ATTRIBUTES/VARIABLE_VALUE" in names
+    second = _run_args(script, [ckpt_dir, "resume"], tmp_path, {ENV_ENABLE: "1"})
+    assert second.split("state:")[1].split()[:3] == [scale, "10", skipped]
+
+
+def test_env_v1_optimizer_checkpoint_carries_its_loss_scale(tmp_path: Path) -> None:
+    """Eager v1 optimizer: tf.train.Checkpoint(optimizer=opt) saves and restores the scale of
+    the wrapper the activation put around it, restored before its first scaled loss."""
+
+    def train(opt: Any, var: tf.Variable, factor: float) -> None:
+        grads_and_vars = opt.compute_gradients(lambda: tf.reduce_sum(var * var) * factor, [var])
+        opt.apply_gradients(grads_and_vars)
+
+    with activation.activated(Settings(graph_rewrite=False, loss_scaling=True)):
+        var = tf.Variable([1.0, 2.0])
+        opt = tf.compat.v1.train.GradientDescentOptimizer(0.1)
+        train(opt, var, float("inf"))  # overflow: 2**15 -> 2**14
+        train(opt, var, 1.0)
+        wrapper = auto_loss_scale.v1_wrapper_of(opt)
+        assert float(wrapper.loss_scale) == 2.0**14
+        path = tf.train.Checkpoint(optimizer=opt, var=var).save(str(tmp_path / "ckpt"))
+
+        var2 = tf.Variable([0.0, 0.0])
+        opt2 = tf.compat.v1.train.GradientDescentOptimizer(0.1)
+        tf.train.Checkpoint(optimizer=opt2, var=var2).restore(path)
+        train(opt2, var2, 1.0)
+        state = auto_loss_scale.v1_wrapper_of(opt2)._state()  # noqa: SLF001
+    assert float(state.scale) == 2.0**14
+    assert int(state.good_steps) == 2 and int(state.skipped_steps) == 1
+
+
+def test_env_fit_checkpoint_of_the_users_optimizer_carries_the_wrapper_scale(
+    tmp_path: Path,
+) -> None:
+    """compile() wrapped `opt`; tf.train.Checkpoint(optimizer=opt) still saves the scale, and a
+    fresh model and optimizer restored before fit() continue from it."""
+
+    def compiled() -> tuple[keras.Model, keras.optimizers.Optimizer]:
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+        opt = keras.optimizers.SGD(0.01)
+        model.compile(opt, "mse")
+        return model, opt
+
+    x = np.random.default_rng(0).random((32, 8), dtype=np.float32)
+    y = x.sum(axis=1, keepdims=True)
+    with activation.activated(Settings(graph_rewrite=False, loss_scaling=True)):
+        model, opt = compiled()
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+        model.optimizer.loss_scale = 1024.0  # a scale the schedule would not reach by itself
+        path = tf.train.Checkpoint(optimizer=opt).save(str(tmp_path / "ckpt"))
+        model2, opt2 = compiled()
+        tf.train.Checkpoint(optimizer=opt2).restore(path)
+        model2.fit(x, y, batch_size=16, epochs=1, verbose=0)
+        state = model2.optimizer._state()  # noqa: SLF001
+    assert float(state.scale) == 1024.0
+    assert int(state.good_steps) == 4  # 2 steps saved + 2 after the restore

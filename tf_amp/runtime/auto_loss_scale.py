@@ -16,7 +16,24 @@ An unmodified script does not call ``scale_loss``. Three shapes of script are co
   weight, slot or ``iterations``.
 
 The scale of the custom-loop path lives in non-trainable variables named
-``tf_amp_auto_loss_scale/*``, created on first use outside any function.
+``tf_amp_auto_loss_scale/*``, created on first use outside any function, and tracked by every
+Keras optimizer that applies through it (:func:`attach_state`), so ``tf.train.Checkpoint``
+saves and restores the schedule with the optimizer. The v1 path's wrapper is tracked by its
+optimizer the same way.
+
+Checkpointing limits (no clean way exists in these cases):
+
+* Keras ``model.save`` / ``.keras`` files and ``save_weights`` do not hold the custom-loop
+  state: Keras saves ``optimizer.variables`` by position, and adding ours there would make such
+  a file fail to load into an optimizer built without the environment variable. A resumed run
+  restarts at the initial scale (the schedule recovers within a few steps).
+* The state is one per process, shared by every optimizer on this path (a GAN's two
+  optimizers checkpoint the same variables, which ``tf.train.Checkpoint`` saves once).
+* Eager (no ``tf.function``) custom loop restored before its first step: the first
+  ``tape.gradient`` runs before the optimizer is known, so that one step is scaled by the
+  initial scale; its ``apply`` then attaches and restores, and the schedule continues from the
+  restored state. Inside a ``tf.function`` the restore happens while tracing, before the step
+  runs, so the first step already uses the restored scale.
 """
 
 from __future__ import annotations
@@ -59,6 +76,33 @@ def state_variables() -> list[tf.Variable]:
                     for field, value in zip(initial._fields, initial, strict=True)
                 ]
         return _STATE["vars"]
+
+
+STATE_NAME = "tf_amp_auto_loss_scale"
+"""Prefix of the checkpoint names under which a user's optimizer tracks the custom-loop state
+(``<optimizer>/tf_amp_auto_loss_scale_scale``, ``..._good_steps``, ...)."""
+
+
+def attach_state(optimizer: Any) -> None:
+    """Tracks the custom-loop loss-scale variables on the user's Keras ``optimizer``.
+
+    Why: those variables exist for the process, not for any object a script checkpoints, so
+    ``tf.train.Checkpoint(optimizer=opt)`` (or ``(model=model)``, which tracks
+    ``model.optimizer``) would drop them and a resumed run would restart at 2**15. Tracked as
+    dependencies of the optimizer they are saved with it, and a checkpoint restored before the
+    first step (deferred restoration) is applied the moment they are attached. Only TensorFlow
+    tracking is used, not Keras's: ``optimizer.variables`` and Keras ``.keras`` files are
+    unchanged, so a file saved under the environment variable still loads without it.
+    """
+    variables = state_variables()
+    if optimizer.__dict__.get("_tf_amp_auto_state") is variables:
+        return
+    from tf_amp.loss_scale import LossScaleState
+
+    with tf.init_scope():  # a deferred restore assigns eagerly, not inside a traced function
+        for field, var in zip(LossScaleState._fields, variables, strict=True):
+            optimizer._track_trackable(var, f"{STATE_NAME}_{field}", overwrite=True)  # noqa: SLF001
+    optimizer.__dict__["_tf_amp_auto_state"] = variables
 
 
 def current_state() -> Any:
@@ -119,6 +163,7 @@ def keras_apply_patch(original: Callable[..., Any]) -> Callable[..., Any]:
         finite = _STATE["pending"].pop(_graph_key(), None)
         if finite is None or getattr(self, "_tf_amp_loss_scale_wrapper", False):
             return original(self, grads, trainable_variables)
+        attach_state(self)
         grads = list(grads)
         if not self.built:
             variables = trainable_variables
@@ -154,6 +199,11 @@ def _v1_wrapper(optimizer: Any) -> Any:
 
         wrapper = LossScaleOptimizer(optimizer, loss_scale="dynamic")
         optimizer.__dict__["_tf_amp_auto_wrapper"] = wrapper
+        # tf.train.Checkpoint(optimizer=opt) saves the scale too (the wrapper tracks its state
+        # variables; Saver already saves them as global variables). Restoring before the first
+        # step restores them when this attaches, ahead of the first scaled loss.
+        with tf.init_scope():
+            optimizer._track_trackable(wrapper, STATE_NAME, overwrite=True)  # noqa: SLF001
     return wrapper
 
 

@@ -253,8 +253,14 @@ def _maybe_wrap_optimizer(model: Any, optimizer: Any) -> Any:
     ):
         return resolved
     from tf_amp.optimizers import LossScaleOptimizer
+    from tf_amp.runtime.auto_loss_scale import STATE_NAME
 
-    return LossScaleOptimizer(resolved, loss_scale="dynamic")
+    wrapper = LossScaleOptimizer(resolved, loss_scale="dynamic")
+    # The script holds the optimizer it passed, not the wrapper: tracking the wrapper on it makes
+    # tf.train.Checkpoint(optimizer=opt) save and restore the scale too (Checkpoint(model=...)
+    # already does, through model.optimizer). TensorFlow tracking only: Keras files unchanged.
+    resolved._track_trackable(wrapper, STATE_NAME, overwrite=True)  # noqa: SLF001
+    return wrapper
 
 
 def _has_own_train_step(model: Any) -> bool:
