@@ -618,3 +618,20 @@ def test_env_fit_checkpoint_of_the_users_optimizer_carries_the_wrapper_scale(
         state = model2.optimizer._state()  # noqa: SLF001
     assert float(state.scale) == 1024.0
     assert int(state.good_steps) == 4  # 2 steps saved + 2 after the restore
+
+
+def test_env_keras_file_loads_compiled_with_its_loss_scale(tmp_path: Path) -> None:
+    """load_model under the env compiles the loaded model (the compile patch must not look like
+    a user's custom compile to Keras) and restores the wrapper's scale from the file."""
+    x = np.random.default_rng(0).random((32, 8), dtype=np.float32)
+    y = x.sum(axis=1, keepdims=True)
+    with activation.activated(Settings(graph_rewrite=False, loss_scaling=True)):
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+        model.compile(keras.optimizers.SGD(0.01), "mse")
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+        model.optimizer.loss_scale = 1024.0
+        model.save(tmp_path / "m.keras")
+        loaded = keras.models.load_model(tmp_path / "m.keras")
+        assert getattr(loaded.optimizer, "_tf_amp_loss_scale_wrapper", False)
+        assert float(loaded.optimizer.loss_scale) == 1024.0
+        assert int(loaded.optimizer.iterations) == 2

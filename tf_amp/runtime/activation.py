@@ -347,7 +347,8 @@ def _patch_keras(keras: Any) -> None:
         _PATCHED_MODULES.add("keras")
         from tf_amp.runtime import keras_fit
 
-        _PATCHES.set(keras.Model, "compile", keras_fit.compile_patch(keras.Model.compile))
+        owner = keras_fit.compile_owner()  # Keras's Trainer: see compile_owner for why
+        _PATCHES.set(owner, "compile", keras_fit.compile_patch(owner.compile))
         if _ACTIVE.loss_scaling:
             from keras.src.optimizers import base_optimizer
 

@@ -292,26 +292,37 @@ def compile_patch(original: Any) -> Any:
 _ORIGINAL_COMPILE: list[Any] = []
 
 
+def compile_owner() -> type:
+    """The class that defines ``compile`` (Keras's ``Trainer``), which is the one to patch.
+
+    Why not ``keras.Model``: ``compile_from_config`` (run by ``load_model``) treats a model as
+    having a custom ``compile`` when ``type(model).compile != Trainer.compile`` and then skips
+    compiling, so a ``.keras`` file would load without its optimizer while a patch sat on
+    ``keras.Model``. Patched on ``Trainer``, every model still resolves to the patch.
+    """
+    from keras.src.trainers.trainer import Trainer
+
+    return Trainer
+
+
 def install_compile_hook() -> None:
-    """Patches ``keras.Model.compile`` with :func:`compile_patch` (idempotent, reversible).
+    """Patches ``compile`` of every Keras model with :func:`compile_patch` (idempotent,
+    reversible).
 
     This is what connects ``enable_mixed_precision_graph_rewrite(opt)`` to ``model.fit``.
     """
-    import keras
-
     if _ORIGINAL_COMPILE:
         return
-    _ORIGINAL_COMPILE.append(keras.Model.compile)
-    keras.Model.compile = compile_patch(keras.Model.compile)
+    owner = compile_owner()
+    _ORIGINAL_COMPILE.append(vars(owner)["compile"])
+    owner.compile = compile_patch(owner.compile)
 
 
 def uninstall_compile_hook() -> None:
-    """Restores ``keras.Model.compile``; already hooked models keep their hook until recompiled."""
+    """Restores ``compile``; already hooked models keep their hook until recompiled."""
     if not _ORIGINAL_COMPILE:
         return
-    import keras
-
-    keras.Model.compile = _ORIGINAL_COMPILE.pop()
+    compile_owner().compile = _ORIGINAL_COMPILE.pop()
 
 
 def compile_hook_installed() -> bool:
