@@ -147,3 +147,30 @@ def test_graph_without_convertible_ops_runs_unchanged() -> None:
     with tf_amp.Session(graph=graph) as sess:
         assert sess.run(total, {a: [1.0, 2.0, 3.0]}) == 12.0
         assert not sess.rewrite_reports[0].changed
+
+
+def test_interactive_session_evals_through_the_rewritten_graph() -> None:
+    """tf_amp's InteractiveSession is the default session: Tensor.eval / Operation.run train
+    in float16, and close() uninstalls it like TensorFlow's."""
+    from tf_amp.runtime.session import InteractiveSession
+
+    net = _net()
+    xs, ys = _data()
+    feed = {net.x: xs, net.y: ys}
+    sess = InteractiveSession(graph=net.graph)
+    try:
+        assert isinstance(sess, tf1.InteractiveSession)
+        assert tf1.get_default_session() is sess
+        net.init.run()
+        first = net.loss.eval(feed)
+        for _ in range(20):
+            net.train_op.run(feed)
+        metadata = tf1.RunMetadata()
+        options = tf1.RunOptions(output_partition_graphs=True)
+        sess.run(net.train_op, feed, options=options, run_metadata=metadata)
+        assert {"Conv2D", "MatMul"} <= executed_half_ops(metadata)
+        assert net.loss.eval(feed) < first
+        assert net.logits.eval(feed).dtype == np.float32
+    finally:
+        sess.close()
+    assert tf1.get_default_session() is None
