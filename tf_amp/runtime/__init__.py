@@ -6,7 +6,8 @@ graph itself and runs the result:
 * :mod:`tf_amp.runtime.function` -- ``tf_amp.function``, a ``tf.function`` whose traced graph is
   rewritten, rebuilt bound to the original variables, and cached per input signature.
 * :mod:`tf_amp.runtime.keras_fit` -- Keras 3 ``fit`` runs the rewritten train step.
-* :mod:`tf_amp.runtime.session` -- ``tf_amp.Session`` for TF1 graphs.
+* :mod:`tf_amp.runtime.session` -- ``tf_amp.Session`` for TF1 graphs (and its
+  ``InteractiveSession`` form; ``MonitoredSession`` gets it through ``SessionManager``).
 * :mod:`tf_amp.runtime.activation` -- ``TF_ENABLE_AUTO_MIXED_PRECISION`` and its reversible
   patches; :mod:`tf_amp.runtime.auto_loss_scale` -- loss scaling for scripts that never asked
   for it; :mod:`tf_amp.runtime.autoenable` -- what the startup ``.pth`` imports when a variable
