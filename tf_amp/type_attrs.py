@@ -348,22 +348,58 @@ def _out_offsets(info: OpInfo, proto: Any) -> dict[str, int]:
     return offsets
 
 
+@dataclass
+class NodeColumns:
+    """The NodeDefs of one body with their name, op and device read out into parallel lists.
+
+    Read in one sweep over the protos (``read_node_columns``): on 100k-node graphs the NodeDefs
+    no longer fit in the CPU caches, so every extra pass over the protos costs more per node the
+    bigger the graph (three sweeps grew 1.3x faster than linear). Callers that must look at ops
+    before the view is built (the FusedBatchNorm upgrade) use these lists instead of a sweep of
+    their own, and keep ``ops`` in step with any op they change.
+    """
+
+    protos: list[Any]
+    names: list[str]
+    ops: list[str]
+    devices: list[str]
+
+
+def read_node_columns(nodes: Sequence[Any]) -> NodeColumns:
+    """One pass over ``nodes`` collecting the proto wrappers, names, ops and devices."""
+    protos: list[Any] = list(nodes)
+    names: list[str] = []
+    ops: list[str] = []
+    devices: list[str] = []
+    add_name, add_op, add_device = names.append, ops.append, devices.append
+    for node in protos:
+        add_name(node.name)
+        add_op(node.op)
+        add_device(node.device)
+    return NodeColumns(protos, names, ops, devices)
+
+
 def build_body_view(
     nodes: Sequence[Any],
     functions: dict[str, OpInfo],
     fdef: Any = None,
+    columns: NodeColumns | None = None,
 ) -> BodyView:
     """Index one body. ``nodes`` are the (already copied) NodeDefs; ``fdef`` is the
     FunctionDef when the body is a function (its signature supplies ``_Arg``/``_Retval``).
+    ``columns``, when given, is ``read_node_columns(nodes)`` (taken over, not copied), so
+    the protos are swept once.
 
     Raises GraphRewriteError for duplicate names, dangling inputs and wrong input arity.
     """
     is_function = fdef is not None
-    n_real = len(nodes)
-    names: list[str] = [n.name for n in nodes]
-    ops: list[str] = [n.op for n in nodes]
-    protos: list[Any] = list(nodes)
-    devices: list[str] = [n.device for n in nodes]
+    if columns is None:
+        columns = read_node_columns(nodes)
+    n_real = len(columns.protos)
+    names = columns.names
+    ops = columns.ops
+    protos = columns.protos
+    devices = columns.devices
     arg_names: list[str] = []
     if is_function:
         sig = fdef.signature
