@@ -1,6 +1,18 @@
-"""Shared test set-up: quiet TensorFlow's C++ logging before it is imported."""
+"""Shared test set-up: quiet TensorFlow's C++ logging before it is imported, and make sure no
+test leaves the process-wide rewrite switch (and its Keras compile hook) on for the next one."""
 
 import os
+import sys
+
+import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+
+
+@pytest.fixture(autouse=True)
+def _rewrite_switch_off_after_each_test():
+    yield
+    enable = sys.modules.get("tf_amp.enable")  # only if a test used it: importing costs TF
+    if enable is not None:
+        enable.disable_mixed_precision_graph_rewrite()
