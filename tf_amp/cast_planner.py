@@ -26,12 +26,11 @@ from tf_amp.type_attrs import (
     DT_FLOAT,
     DT_FLOAT_REF,
     DT_HALF,
+    EXCLUDE_ATTR,
     RETVAL_OP,
     UNKNOWN_DTYPE,
     BodyView,
 )
-
-EXCLUDE_ATTR = "_tf_amp_exclude"  # bool node attr: never convert this node
 
 # Casts fed by these are not counted as "casts to half", as TensorFlow counts: they are free
 # after constant folding, or unavoidable (variables are float32 master weights).

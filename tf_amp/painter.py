@@ -42,6 +42,7 @@ from tf_amp.type_attrs import (
     DT_BFLOAT16,
     DT_HALF,
     DT_VARIANT,
+    EXCLUDE_ATTR,
     RETVAL_OP,
     BodyView,
     device_type,
@@ -234,6 +235,7 @@ class Painter:
         scope_set = frozenset(scopes)
         gpu_only = config.eligible_devices == "gpu"
         default_dev = config.default_device_type
+        exclude_attr = view.exclude_attr
         for n in range(view.num_real):
             info = view.infos[n]
             op = view.ops[n]
@@ -252,8 +254,11 @@ class Painter:
             elif gpu_only and device_type(view.devices[n], default_dev) != "GPU":
                 block = "device"
             else:
-                attrs = view.protos[n].attr
-                if "_tf_amp_exclude" in attrs and attrs["_tf_amp_exclude"].b:
+                flag = exclude_attr[n]
+                if flag == 0:
+                    attrs = view.protos[n].attr
+                    flag = 2 if EXCLUDE_ATTR in attrs and attrs[EXCLUDE_ATTR].b else 1
+                if flag == 2:
                     block = "excluded"
             if block:
                 self.node_block[n] = block

@@ -34,6 +34,7 @@ DT_RESOURCE = types_pb2.DT_RESOURCE
 DT_FLOAT_REF = types_pb2.DT_FLOAT_REF
 UNKNOWN_DTYPE = -1  # port of an op we know nothing about
 
+EXCLUDE_ATTR = "_tf_amp_exclude"  # bool node attr: never convert this node
 ARG_OP = "_Arg"
 RETVAL_OP = "_Retval"
 
@@ -236,6 +237,10 @@ class BodyView:
     unknown_ops: list[int] = field(default_factory=list)
     index: dict[str, int] = field(default_factory=dict)
     ret_keys: list[str] = field(default_factory=list)  # function: ret key of each _Retval
+    # per node, the _tf_amp_exclude attr as read while the node's attr map was open anyway:
+    # 0 not read (look at the proto), 1 absent or false, 2 true. Saves the painter a second
+    # sweep over the attr maps, which costs more per node the bigger the graph (cache misses).
+    exclude_attr: bytearray = field(default_factory=bytearray)
 
     @property
     def num_vertices(self) -> int:
@@ -432,6 +437,7 @@ def build_body_view(
         index=index,
     )
     v_node, v_attr, v_elem = view.v_node, view.v_attr, view.v_elem
+    exclude_attr = view.exclude_attr = bytearray(len(names))
     in_v, out_v = view.in_v, view.out_v
     empty: tuple[Any, ...] = ()
     # ---- per node: op info, port layout, float32 vertices
@@ -462,6 +468,8 @@ def build_body_view(
             out_v.append(_no_vertices(len(outs)))
             continue
         attrs = proto.attr
+        excluded = attrs.get(EXCLUDE_ATTR)
+        exclude_attr[i] = 2 if excluded is not None and excluded.b else 1
         single = info.single_attr
         if single:
             value = attrs.get(single)
