@@ -1,12 +1,18 @@
 """``enable_mixed_precision_graph_rewrite(opt)``: the one-line entry point of the NVIDIA recipe.
 
-It wraps the optimizer with loss scaling and marks the graph rewrite as wanted. Connecting the
-rewrite to the training step is done by ``tf_amp.runtime`` (it checks ``is_rewrite_enabled()``
-or the ``_tf_amp_graph_rewrite`` attribute on the optimizer it is handed).
+It wraps the optimizer with loss scaling and marks it (``_tf_amp_graph_rewrite``) as wanting
+the graph rewrite. Where the rewrite then happens:
 
-Why a flag and a marker both: a process-wide switch is what TF1's API offered (and what
-``disable_mixed_precision_graph_rewrite`` turns off, so a test that enabled it can clean up);
-the attribute on the returned optimizer lets the runtime decide per model, without global state.
+* Keras: ``model.compile(optimizer=wrapped)`` hooks ``fit`` / ``evaluate`` / ``predict`` of that
+  model (the compile hook is installed here and removed by ``disable_...``);
+* custom loops: decorate the step with ``tf_amp.function`` instead of ``tf.function``;
+* TF1: run the graph in ``tf_amp.Session`` instead of ``tf.compat.v1.Session``;
+* or set ``TF_ENABLE_AUTO_MIXED_PRECISION=1`` and change nothing (``tf_amp.runtime.activation``).
+
+The rewrite is scoped to what the marked optimizer trains: unlike TF1's process-wide switch, a
+plain ``tf.function`` or ``Session`` elsewhere in the process keeps running float32.
+``is_rewrite_enabled()`` only reports whether ``enable_...`` was called since the last
+``disable_...``; nothing changes behaviour on it.
 
 Typical use::
 
