@@ -23,6 +23,7 @@ Environment variables read by ``from_env``:
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -37,6 +38,14 @@ LOG_PATH_ENVS: tuple[str, ...] = (
     "TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_LOG_PATH",
     "TF_AMP_LOG_PATH",
 )
+
+
+@functools.lru_cache(maxsize=1)
+def _local_device_type() -> str:
+    """"GPU" when this process's TensorFlow sees a GPU, else "CPU" (asked once)."""
+    import tensorflow as tf
+
+    return "GPU" if tf.config.list_physical_devices("GPU") else "CPU"
 
 
 @dataclass(frozen=True)
@@ -62,7 +71,11 @@ class RewriteConfig:
       check_kernels: require a registered half kernel for the node's device type. Turn off to
         rewrite for a GPU on a machine whose TensorFlow only has CPU kernels (the OpDef's
         allowed types are still checked).
-      default_device_type: device type assumed for nodes with no device ("CPU" or "GPU").
+      default_device_type: device type assumed for nodes with no device: "CPU", "GPU", or
+        "auto" (the default): "GPU" when TensorFlow sees a GPU, since the placer will put
+        unplaced nodes there, else "CPU". Traced ``tf.function`` graphs leave devices unset,
+        so on a GPU machine this decides which half kernels (GPU's: CudnnRNN, BlockLSTM...)
+        count.
       rewrite_functions: also rewrite every FunctionDef in the graph's library.
       fold_constant_casts: a float32 Const read only by half consumers becomes a half Const
         in place instead of feeding a Cast (not in name-preserving mode, never for preserved
@@ -85,7 +98,7 @@ class RewriteConfig:
     log_dir: str | None = None
     exclude_scopes: tuple[str, ...] = ()
     check_kernels: bool = True
-    default_device_type: str = "CPU"
+    default_device_type: str = "auto"
     rewrite_functions: bool = True
     fold_constant_casts: bool = True
     infer_follows_allow: bool = False
@@ -100,7 +113,9 @@ class RewriteConfig:
         _check_choice("eligible_devices", self.eligible_devices, ELIGIBLE_DEVICES)
         _check_choice("opt_level", self.opt_level, OPT_LEVELS)
         _check_choice("level", self.level, LEVELS)
-        _check_choice("default_device_type", self.default_device_type, ("CPU", "GPU"))
+        _check_choice("default_device_type", self.default_device_type, ("CPU", "GPU", "auto"))
+        if self.default_device_type == "auto":
+            object.__setattr__(self, "default_device_type", _local_device_type())
         if self.lists is not None and not isinstance(self.lists, OpLists):
             raise TypeError(f"lists must be an OpLists or None, got {type(self.lists).__name__}")
 
