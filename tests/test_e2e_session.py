@@ -174,3 +174,30 @@ def test_interactive_session_evals_through_the_rewritten_graph() -> None:
     finally:
         sess.close()
     assert tf1.get_default_session() is None
+
+
+def test_feeding_an_intermediate_tensor_reaches_its_half_consumers() -> None:
+    """A fed tensor whose op went half (moved to a new name, the old name a Cast back) must
+    reach the half consumers too, as tf.compat.v1.Session does: they read the fed value."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float32, [4, 4], name="x")
+        w = tf.constant(np.full((4, 4), 0.5, np.float32))
+        a = tf.matmul(x, w)
+        b = tf.identity(a, name="b")
+        c = tf.matmul(b, w, name="c")
+        d = b + 1.0
+    xs = np.ones((4, 4), np.float32)
+    fed = np.arange(16, dtype=np.float32).reshape(4, 4) / 8.0
+    with tf1.Session(graph=graph) as plain:
+        want = plain.run([c, d], {x: xs, b: fed})
+    with tf_amp.Session(graph=graph) as sess:
+        got = sess.run([c, d], {x: xs, b: fed})
+        assert sess.rewrite_reports[0].renamed.get("b")  # b really went half
+        got_by_name = sess.run("c:0", {"x:0": xs, "b:0": fed})
+        run_c = sess.make_callable(c, feed_list=[x, b])
+        got_callable = run_c(xs, np.zeros((4, 4), np.float32))
+    for have, expected in zip(got, want, strict=True):
+        np.testing.assert_allclose(have, expected, rtol=1e-2, atol=1e-2)
+    np.testing.assert_allclose(got_by_name, want[0], rtol=1e-2, atol=1e-2)
+    np.testing.assert_array_equal(got_callable, np.zeros((4, 4), np.float32))

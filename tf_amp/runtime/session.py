@@ -16,6 +16,10 @@ keep their dtypes, and ``Saver`` (which runs ops by name) works against ``sess.g
 the user's graph. Variables keep their names and dtypes, so checkpoints are interchangeable with
 float32 training. Ops the user adds later are rewritten and imported incrementally on the next
 ``run``, with the already imported nodes held fixed.
+
+Feeding an intermediate tensor: when its op went half, the half consumers read the op's new name,
+not the fed (float) name, so the session also feeds the half twin (the value cast to half, as the
+Cast a preserved node would get does). The rewritten graph itself stays the same for every feed.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 from tensorflow.core.protobuf import config_pb2
@@ -57,6 +62,7 @@ class Session(session_lib.Session):
         self._amp_inner = session_lib.Session(target, graph=self._amp_graph, config=config)
         self._amp_rewrite_config = rewrite_config
         self._amp_imported: set[str] = set()  # user node names already in the private graph
+        self._amp_renamed: dict[str, str] = {}  # user node name -> its half twin's name
         self._amp_synced_version = -1
         self._amp_sync_lock = threading.Lock()
         self.rewrite_reports: list[Any] = []  # one report per rewrite, for inspection
@@ -96,6 +102,7 @@ class Session(session_lib.Session):
         frozen = frozenset(self._amp_imported)
         result = rewrite_graph_def(graph_def, self._amp_config(frozen))
         self.rewrite_reports.append(result.report)
+        self._amp_renamed.update(result.report.renamed)
         existing = {op.name for op in self._amp_graph.get_operations()}
         subset = graph_pb2.GraphDef()
         subset.versions.CopyFrom(result.graph_def.versions)
@@ -156,10 +163,38 @@ class Session(session_lib.Session):
             f"tf_amp.Session cannot fetch or feed {fetch!r} of type {type(fetch).__name__}"
         )
 
+    def _half_twin(self, tensor: Any) -> tf.Tensor | None:
+        """The half output that half consumers read instead of ``tensor`` (a fed tensor of the
+        private graph), or None when ``tensor``'s op kept its name or this port stayed float."""
+        if not isinstance(tensor, tf.Tensor):
+            return None
+        new_name = self._amp_renamed.get(tensor.op.name)
+        if new_name is None:
+            return None
+        twin = self._amp_graph.get_tensor_by_name(f"{new_name}:{tensor.value_index}")
+        return twin if twin.dtype != tensor.dtype else None
+
+    @staticmethod
+    def _cast_feed(value: Any, twin: tf.Tensor) -> np.ndarray:
+        return np.asarray(value).astype(twin.dtype.as_numpy_dtype)
+
     def _map_feeds(self, feed_dict: Mapping[Any, Any] | None) -> dict[Any, Any] | None:
         if not feed_dict:
             return feed_dict
-        return {self._map(key): value for key, value in feed_dict.items()}
+        mapped: dict[Any, Any] = {}
+        for key, value in feed_dict.items():
+            target = self._map(key)
+            mapped[target] = value
+            twin = self._half_twin(target)
+            if twin is not None:  # the half consumers read the twin: feed it the same value
+                mapped[twin] = self._cast_feed(value, twin)
+        return mapped
+
+    def _map_feed_list(self, feeds: list[Any]) -> tuple[list[Any], list[tuple[int, Any]]]:
+        """Mapped feeds plus the half twins to feed too: (position of the fed value, twin)."""
+        mapped = [self._map(f) for f in feeds]
+        twins = [(i, t) for i, f in enumerate(mapped) if (t := self._half_twin(f)) is not None]
+        return mapped + [t for _, t in twins], twins
 
     # -- Session API ------------------------------------------------------------------------
 
@@ -180,12 +215,22 @@ class Session(session_lib.Session):
         self, fetches: Any, feed_list: list[Any] | None = None, accept_options: bool = False
     ) -> Any:
         self._sync()
-        mapped_feeds = None if feed_list is None else [self._map(f) for f in feed_list]
-        return self._amp_inner.make_callable(self._map(fetches), mapped_feeds, accept_options)
+        if feed_list is None:
+            return self._amp_inner.make_callable(self._map(fetches), None, accept_options)
+        mapped_feeds, twins = self._map_feed_list(list(feed_list))
+        inner = self._amp_inner.make_callable(self._map(fetches), mapped_feeds, accept_options)
+        if not twins:
+            return inner
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            extra = [self._cast_feed(args[i], twin) for i, twin in twins]
+            return inner(*args, *extra, **kwargs)
+
+        return call
 
     def partial_run_setup(self, fetches: Any, feeds: list[Any] | None = None) -> Any:
         self._sync()
-        mapped_feeds = None if feeds is None else [self._map(f) for f in feeds]
+        mapped_feeds = None if feeds is None else self._map_feed_list(list(feeds))[0]
         return self._amp_inner.partial_run_setup(self._map(fetches), mapped_feeds)
 
     def partial_run(self, handle: Any, fetches: Any, feed_dict: Any = None) -> Any:
