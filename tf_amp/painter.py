@@ -29,6 +29,7 @@ words which pass painted it and because of which neighbour.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -172,6 +173,10 @@ def _kernel_constraints(op: str, dev: str) -> list[list[tuple[str, frozenset[int
     return table
 
 
+# Name prefixes of gradient ops: TF2 tapes and TF1 tf.gradients (gradients, gradients_1, ...).
+_GRADIENT_PREFIX = re.compile(r"(?:gradient_tape|gradients(?:_\d+)?)/")
+
+
 @dataclass
 class Painting:
     """The painter's result for one body: a colour and a reason per vertex."""
@@ -264,8 +269,37 @@ class Painter:
                 self.node_block[n] = block
             else:
                 self.node_eligible[n] = 1
+        self._exclude_backward_of_excluded(view)
         for n in range(view.num_real, len(view.names)):
             self.node_block[n] = "function-boundary"
+
+    def _exclude_backward_of_excluded(self, view: Any) -> None:
+        """Keeps the gradient ops of an excluded region float32 like its forward ops.
+
+        A region excluded by name scope or by ``_tf_amp_exclude`` (``tf_amp.keep_float32``)
+        would otherwise run its backward pass in half: gradient ops carry neither the scope nor
+        the attribute. They are named after the forward op they differentiate:
+        ``gradient_tape/<forward op>/...`` (TF2 tapes) or ``gradients[_N]/<forward op>_grad/...``
+        (TF1 ``tf.gradients``), so a gradient op whose forward path lies under an excluded node
+        is excluded too.
+        """
+        excluded = {view.names[n] for n in range(view.num_real)
+                    if self.node_block[n] == "excluded"}
+        if not excluded:
+            return
+        for n in range(view.num_real):
+            if not self.node_eligible[n]:
+                continue
+            match = _GRADIENT_PREFIX.match(view.names[n])
+            if match is None:
+                continue
+            parts = [p[:-5] if p.endswith("_grad") else p
+                     for p in view.names[n][match.end():].split("/")]
+            for depth in range(1, len(parts) + 1):
+                if "/".join(parts[:depth]) in excluded:
+                    self.node_eligible[n] = 0
+                    self.node_block[n] = "excluded"
+                    break
 
     def supports_half(self, v: int) -> bool:
         """OpDef allows the target type for this attr, and (unless disabled) a kernel with it
