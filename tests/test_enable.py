@@ -52,3 +52,23 @@ def test_v1_optimizers_do_not_touch_keras():
         assert opt._tf_amp_graph_rewrite
     finally:
         tf_amp.disable_mixed_precision_graph_rewrite()
+
+
+def test_recompiling_with_a_plain_optimizer_after_disable_returns_to_float32():
+    """README: recompiling with a plain optimizer after ``disable_...`` returns the model to
+    float32, although the restored ``compile`` knows nothing of the model's earlier hook."""
+    x = np.random.default_rng(0).random((16, 8, 8, 1), dtype=np.float32)
+    y = np.arange(16, dtype=np.int32) % 3
+    try:
+        opt = tf_amp.enable_mixed_precision_graph_rewrite(keras.optimizers.SGD(0.1))
+        model = _compiled_model(opt)
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+        assert keras_fit.rewritten_functions(model)
+    finally:
+        tf_amp.disable_mixed_precision_graph_rewrite()
+    model.compile(optimizer=keras.optimizers.SGD(0.1), jit_compile=False,
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    assert not keras_fit.is_installed(model)
+    assert "make_train_function" not in vars(model)
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+    assert not keras_fit.rewritten_functions(model)  # Keras's own float32 step ran

@@ -58,6 +58,8 @@ def uninstall(model: Any) -> None:
         return
     for name in _BUILDERS:
         model.__dict__.pop(name, None)
+    if getattr(model.__dict__.get("compile"), "__func__", None) is _recompile:
+        del model.__dict__["compile"]
     model.__dict__.pop(_MARK, None)
     _reset_functions(model)
 
@@ -272,7 +274,9 @@ def compile_patch(original: Any) -> Any:
     """``Model.compile`` that hooks ``fit`` when the optimizer (or the env) asks for the rewrite.
 
     Inert for every other model: it calls the original and uninstalls any earlier hook, so
-    recompiling with a plain optimizer returns the model to float32.
+    recompiling with a plain optimizer returns the model to float32. A hooked model also gets
+    an instance ``compile`` (:func:`_recompile`) that drops the hook first, so this holds after
+    the patch itself was removed (``disable_...``, deactivation).
     """
 
     def compile(self: Any, optimizer: Any = "rmsprop", *args: Any, **kwargs: Any) -> Any:
@@ -280,6 +284,9 @@ def compile_patch(original: Any) -> Any:
         result = original(self, optimizer, *args, **kwargs)
         if wants_rewrite(getattr(self, "optimizer", optimizer)):
             install(self)
+            # This patch may be gone at the next compile (disable_... / deactivation restore
+            # the original): the model's own compile then drops the hook first.
+            self.__dict__["compile"] = types.MethodType(_recompile, self)
         else:
             uninstall(self)
         return result
@@ -287,6 +294,14 @@ def compile_patch(original: Any) -> Any:
     compile.__wrapped__ = original  # type: ignore[attr-defined]
     compile.__doc__ = original.__doc__
     return compile
+
+
+def _recompile(self: Any, *args: Any, **kwargs: Any) -> Any:
+    """Instance ``compile`` of a model the compile patch hooked: every recompile starts from
+    float32. Through the class's ``compile``: the patch, while installed, hooks the model again
+    if the new optimizer (or the env) asks for it; the restored original leaves it float32."""
+    uninstall(self)
+    return type(self).compile(self, *args, **kwargs)
 
 
 _ORIGINAL_COMPILE: list[Any] = []
