@@ -262,6 +262,26 @@ def test_env_keras_fit_script_trains_in_mixed_precision(tmp_path: Path) -> None:
     assert losses[-1] < losses[0]
 
 
+def test_env_conversion_line_is_printed_exactly_once(tmp_path: Path) -> None:
+    """The package's own handler shows tf_amp's INFO lines; activation adds no second one."""
+    script = _write(
+        tmp_path,
+        "once.py",
+        """
+        import tensorflow as tf
+
+        @tf.function
+        def square(x):
+            return tf.matmul(x, x)
+
+        print("sum:", float(tf.reduce_sum(square(tf.ones([4, 4])))))
+        """,
+    )
+    out = _run(script, tmp_path, {ENV_ENABLE: "1"})
+    assert "sum: 64.0" in out
+    assert len([line for line in out.splitlines() if "Converted " in line]) == 1, out[-3000:]
+
+
 def test_env_tf1_session_script_trains_in_mixed_precision(tmp_path: Path) -> None:
     logs = tmp_path / "logs"
     out = _run(

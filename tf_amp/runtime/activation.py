@@ -210,7 +210,7 @@ def activate(settings: Settings | None = None) -> Settings:
             _patch_keras(sys.modules["keras"])
         _show_log_lines()
     _LOG.info(
-        "tf_amp: automatic mixed precision activated (graph rewrite: %s, loss scaling: %s)",
+        "automatic mixed precision activated (graph rewrite: %s, loss scaling: %s)",
         "on" if settings.graph_rewrite else "off",
         "on" if settings.loss_scaling else "off",
     )
@@ -257,28 +257,14 @@ def activated(settings: Settings | None = None) -> Iterator[Settings]:
 # --------------------------------------------------------------------------- log visibility
 
 
-class _OnlyWithoutRootHandlers(logging.Filter):
-    """Lets our handler print only while the application configured no logging of its own."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not logging.getLogger().handlers
-
-
-_HANDLER = logging.StreamHandler()
-_HANDLER.setFormatter(logging.Formatter("%(message)s"))
-_HANDLER.addFilter(_OnlyWithoutRootHandlers())
-
-
 def _show_log_lines() -> None:
     """An unmodified script configures no logging; the "Converted ..." line must still show.
 
-    Python drops INFO records without a handler, so activation attaches one to the ``tf_amp``
-    logger; it stays silent once the application configures logging (the record then reaches
-    the application's handlers instead), so nothing prints twice.
+    The handler that prints it is the package's own (``tf_amp/__init__.py``: stderr while the
+    application configured no logging); activation adds none, or every line would print twice.
+    It only makes sure INFO records pass the ``tf_amp`` logger.
     """
     logger = logging.getLogger("tf_amp")
-    if _HANDLER not in logger.handlers:
-        logger.addHandler(_HANDLER)
     if logger.level == logging.NOTSET or logger.level > logging.INFO:
         _LOGGER_LEVEL[:] = [logger.level]
         logger.setLevel(logging.INFO)
@@ -286,8 +272,6 @@ def _show_log_lines() -> None:
 
 def _hide_log_lines() -> None:
     logger = logging.getLogger("tf_amp")
-    if _HANDLER in logger.handlers:
-        logger.removeHandler(_HANDLER)
     if _LOGGER_LEVEL:
         logger.setLevel(_LOGGER_LEVEL.pop())
 

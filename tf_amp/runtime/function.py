@@ -129,7 +129,7 @@ def rebuild_concrete_function(
         blocking = _ops_without_xla_kernel(graph_def)
         if blocking:
             _LOG.warning(
-                "tf_amp: %s has op(s) without an XLA kernel (%s); running the rewritten "
+                "%s has op(s) without an XLA kernel (%s); running the rewritten "
                 "function without jit_compile instead of failing to compile it.",
                 graph.name,
                 ", ".join(sorted(blocking)),

@@ -116,7 +116,7 @@ def _one_step(model: Any, step_function: Any, kind: str, config: Any) -> Any:
 
     if model.run_eagerly:
         _LOG.warning(
-            "tf_amp: model %r runs eagerly (run_eagerly=True); there is no graph to rewrite, "
+            "model %r runs eagerly (run_eagerly=True); there is no graph to rewrite, "
             "so its %s step runs in float32.",
             model.name,
             kind,
