@@ -216,6 +216,116 @@ def test_get_unscaled_gradients_then_non_finite_still_skips():
     assert w.numpy()[0] == 1.0 and int(opt.skipped_steps) == 1
 
 
+def _sgd_step(opt, w):
+    """One Keras-3-style step on loss sum(2w): the true gradient is 2 per element."""
+    with tf.GradientTape() as tape:
+        scaled = opt.scale_loss(tf.reduce_sum(w * 2.0))
+    opt.apply(tape.gradient(scaled, [w]), [w])
+
+
+def test_abandoned_get_unscaled_gradients_does_not_reach_the_next_step():
+    """get_unscaled_gradients, then an exception the user catches: the next step still unscales."""
+    w = keras.Variable([1.0])
+    opt = tf_amp.LossScaleOptimizer(keras.optimizers.SGD(0.5), 2.0**15)
+    try:
+        with tf.GradientTape() as tape:
+            scaled = opt.get_scaled_loss(tf.reduce_sum(w * 2.0))
+        opt.get_unscaled_gradients(tape.gradient(scaled, [w]))
+        raise KeyError("user code failed before apply_gradients")
+    except KeyError:
+        pass
+    _sgd_step(opt, w)
+    np.testing.assert_array_equal(w.numpy(), [0.0])  # 1 - 0.5 * 2, not 1 - 0.5 * 2 * 2**15
+    # The abandoned unscale does not count against the next one either.
+    with tf.GradientTape() as tape:
+        scaled = opt.get_scaled_loss(tf.reduce_sum(w * 2.0))
+    grads = opt.get_unscaled_gradients(tape.gradient(scaled, [w]))
+    opt.apply_gradients(zip(grads, [w], strict=True))
+    np.testing.assert_array_equal(w.numpy(), [-1.0])
+
+
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "tf_function"])
+def test_unscaling_only_to_log_leaves_apply_unscaling_the_scaled_gradients(traced):
+    w = keras.Variable([1.0])
+    opt = tf_amp.LossScaleOptimizer(keras.optimizers.SGD(0.5), 2.0**15)
+    logged = []
+
+    def step():
+        with tf.GradientTape() as tape:
+            scaled = opt.scale_loss(tf.reduce_sum(w * 2.0))
+        grads = tape.gradient(scaled, [w])
+        logged.append(tf.identity(opt.get_unscaled_gradients(grads)[0]))  # a look, nothing more
+        opt.apply(grads, [w])
+        return logged[-1]
+
+    seen = (tf.function(step) if traced else step)()
+    np.testing.assert_array_equal(seen.numpy(), [2.0])
+    np.testing.assert_array_equal(w.numpy(), [0.0])
+    _sgd_step(opt, w)
+    np.testing.assert_array_equal(w.numpy(), [-1.0])
+
+
+def test_unscaled_gradients_of_one_thread_are_not_another_threads():
+    """Replica threads (MirroredStrategy) each have their own step."""
+    import threading
+
+    w = keras.Variable([1.0])
+    opt = tf_amp.LossScaleOptimizer(keras.optimizers.SGD(0.5), 2.0**15)
+    opt.build([w])
+    with tf.GradientTape() as tape:
+        scaled = opt.get_scaled_loss(tf.reduce_sum(w * 0.0))
+    mine = opt.get_unscaled_gradients(tape.gradient(scaled, [w]))  # this thread's step is open
+    errors = []
+
+    def other_thread():
+        try:
+            _sgd_step(opt, w)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    thread = threading.Thread(target=other_thread)
+    thread.start()
+    thread.join()
+    assert not errors, errors
+    np.testing.assert_array_equal(w.numpy(), [0.0])
+    opt.apply_gradients(zip(mine, [w], strict=True))  # this thread's step, still unscaled
+    np.testing.assert_array_equal(w.numpy(), [0.0])
+
+
+def test_apply_refuses_a_mix_of_scaled_and_unscaled_gradients():
+    w, v = keras.Variable([1.0]), keras.Variable([1.0])
+    opt = tf_amp.LossScaleOptimizer(keras.optimizers.SGD(0.5), 8.0)
+    scaled = [tf.constant([8.0]), tf.constant([8.0])]
+    unscaled = opt.get_unscaled_gradients(scaled)
+    with pytest.raises(ValueError, match="pass the unscaled ones only"):
+        opt.apply([unscaled[0], scaled[1]], [w, v])
+
+
+@pytest.mark.parametrize("where", ["eager", "tf_function", "cond_branch"])
+def test_gradients_clipped_between_unscale_and_apply_are_not_unscaled_again(where):
+    w = keras.Variable([3.0, 4.0])
+    opt = tf_amp.LossScaleOptimizer(keras.optimizers.SGD(1.0), 2.0**20)
+    opt.build([w])
+
+    def step():
+        with tf.GradientTape() as tape:
+            scaled = opt.get_scaled_loss(tf.reduce_sum(w * w) / 2.0)  # gradient = w, norm 5
+        grads = opt.get_unscaled_gradients(tape.gradient(scaled, [w]))
+        clipped, _ = tf.clip_by_global_norm(grads, 1.0)
+        if where != "cond_branch":
+            opt.apply_gradients(zip(clipped, [w], strict=True))
+            return
+
+        def apply_branch():
+            opt.apply_gradients(zip(clipped, [w], strict=True))
+            return tf.constant(True)
+
+        tf.cond(tf.constant(True), apply_branch, lambda: tf.constant(False))
+
+    (step if where == "eager" else tf.function(step))()
+    np.testing.assert_allclose(w.numpy(), [3.0 - 0.6, 4.0 - 0.8], rtol=1e-6)
+
+
 def test_enabled_false_is_the_inner_optimizer():
     runs = []
     for enabled in (True, False, None):

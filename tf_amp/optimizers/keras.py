@@ -27,6 +27,8 @@ weights, slots and ``iterations`` untouched) and moves the scale with ``tf_amp.l
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -54,6 +56,111 @@ _INNER_ONLY_ARGS = {
 }
 
 _STATE_FIELDS = LossScaleState._fields
+
+
+def _current_graph() -> Any:
+    """The graph being built (a ``FuncGraph`` while tracing), or None when executing eagerly."""
+    return None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+
+
+def _weak(value: Any) -> Any:
+    return None if value is None else weakref.ref(value)
+
+
+class _UnscaledMark:
+    """What one ``get_unscaled_gradients`` call handed out, in one thread and one graph.
+
+    Only weak references: a mark keeps no gradient, graph or thread alive, and a mark whose
+    thread or graph is gone can match nothing.
+    """
+
+    __slots__ = ("thread", "graph", "inputs", "outputs")
+
+    def __init__(self, graph: Any, inputs: Sequence[Any], outputs: Sequence[Any]) -> None:
+        self.thread = weakref.ref(threading.current_thread())
+        self.graph = _weak(graph)
+        self.inputs = [_weak(g) for g in inputs]
+        self.outputs = [_weak(g) for g in outputs]
+
+    def alive(self) -> bool:
+        return self.thread() is not None and (self.graph is None or self.graph() is not None)
+
+    @staticmethod
+    def _ids(refs: list[Any]) -> set[int]:
+        # A live referent is a live object, so its id() names it and nothing else.
+        return {id(obj) for ref in refs if ref is not None and (obj := ref()) is not None}
+
+    def classify(self, grads: Sequence[Any]) -> bool:
+        """True when ``grads`` are unscaled: the returned tensors, or tensors the user derived
+        from them (clipping between ``get_unscaled_gradients`` and ``apply``); False when they
+        are the scaled tensors that were unscaled only to be looked at."""
+        outputs = self._ids(self.outputs)
+        inputs = self._ids(self.inputs) - outputs
+        present = [id(g) for g in grads if g is not None]
+        from_inputs = any(i in inputs for i in present)
+        if from_inputs and any(i in outputs for i in present):
+            raise ValueError(
+                "apply() got some of the gradients that get_unscaled_gradients() returned and "
+                "some of the scaled gradients it was given; pass the unscaled ones only"
+            )
+        return not from_inputs
+
+
+class _UnscaledMarks:
+    """Open ``get_unscaled_gradients`` results, one per (thread, graph) step.
+
+    A step is one thread building one graph (eager execution counts as one graph): replica
+    threads of a MirroredStrategy and separate ``tf.function`` traces each have their own. A
+    mark is closed by the ``apply`` of its step, and dropped by the next ``scale_loss`` /
+    ``get_scaled_loss`` of its thread and graph, which starts a new step; so it never decides
+    how a later step's gradients are treated. A plain object (not a dict attribute) so that
+    neither Keras nor ``tf.train.Checkpoint`` tracks it.
+    """
+
+    def __init__(self) -> None:
+        self._marks: dict[tuple[int, int | None], _UnscaledMark] = {}
+
+    @staticmethod
+    def _key(graph: Any) -> tuple[int, int | None]:
+        return (threading.get_ident(), None if graph is None else id(graph))
+
+    def _get(self, graph: Any) -> _UnscaledMark | None:
+        mark = self._marks.get(self._key(graph))
+        if mark is None:
+            return None
+        if (
+            mark.thread() is not threading.current_thread()
+            or (mark.graph() if mark.graph is not None else None) is not graph
+        ):
+            return None  # a dead thread's or graph's id, reused
+        return mark
+
+    def find(self) -> tuple[Any, _UnscaledMark] | tuple[None, None]:
+        """The open mark of this thread in the current graph or a graph enclosing it (an
+        ``apply`` inside a ``tf.cond`` branch belongs to the step around it)."""
+        graph = _current_graph()
+        while True:
+            mark = self._get(graph)
+            if mark is not None:
+                return graph, mark
+            if graph is None:
+                return None, None
+            graph = getattr(graph, "outer_graph", None)
+            if graph is None:
+                return None, None
+
+    def open(self, inputs: Sequence[Any], outputs: Sequence[Any]) -> None:
+        # copy(): replica threads may insert meanwhile; iterating a copy cannot fail.
+        for key in [k for k, m in self._marks.copy().items() if not m.alive()]:
+            self._marks.pop(key, None)
+        graph = _current_graph()
+        self._marks[self._key(graph)] = _UnscaledMark(graph, inputs, outputs)
+
+    def close(self, graph: Any) -> None:
+        self._marks.pop(self._key(graph), None)
+
+    def new_step(self) -> None:
+        self.close(_current_graph())
 
 
 def _legacy_loss_scale(loss_scale: Any, kwargs: dict[str, Any]) -> Any:
@@ -149,7 +256,7 @@ class KerasLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         self.enabled = bool(enabled)
         self.floor_warning_skips = int(floor_warning_skips)
         self.max_consecutive_skips = max_consecutive_skips
-        self._grads_already_unscaled = False
+        self._unscaled_marks = _UnscaledMarks()
 
     # ----------------------------------------------------------------------------- state
     @tracking.no_automatic_dependency_tracking
@@ -241,6 +348,7 @@ class KerasLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             return lambda: self.scale_loss(loss())
         if not self.enabled:
             return loss
+        self._unscaled_marks.new_step()  # a new scaled loss: earlier unscales are not this step's
         state = self._state() if self.built else self._policy.initial_state()
         return self._policy.scale(loss, state)
 
@@ -249,23 +357,28 @@ class KerasLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         return self.scale_loss(loss)
 
     def get_unscaled_gradients(self, grads: Sequence[Any]) -> list[Any]:
-        """Divides gradients by the scale (fused op); the next ``apply`` will not divide again.
+        """Divides gradients by the scale (fused op); ``apply`` will not divide them again.
 
-        Like GradScaler.unscale_, this marks the current step: ``apply``/``apply_gradients``
-        then only checks finiteness (so clipping between the two calls sees true gradients).
-        Calling it twice before ``apply`` is an error, since the second call would unscale
-        already unscaled gradients.
+        Like GradScaler.unscale_, this opens the current step: its ``apply``/``apply_gradients``
+        then only checks finiteness of the returned tensors, or of tensors derived from them
+        (so clipping between the two calls sees true gradients). Given the very tensors passed
+        here instead (unscaled only to be logged), ``apply`` unscales them as usual. The step
+        is this thread's, in this graph, and ends at its ``apply`` or at the next
+        ``scale_loss``/``get_scaled_loss``: an unscale whose ``apply`` never came (an exception,
+        a look at the gradients) does not reach the next step. Calling it twice in one step is
+        an error, since the second call would unscale already unscaled gradients.
         """
         if not self.enabled:
             return list(grads)
-        if self._grads_already_unscaled:
+        if self._unscaled_marks.find()[1] is not None:
             raise RuntimeError(
                 "get_unscaled_gradients() was already called since the last apply(); "
                 "gradients would be unscaled twice"
             )
+        grads = list(grads)
         scale = self.loss_scale
-        unscaled, _ = _common.unscale_and_check(list(grads), scale)
-        self._grads_already_unscaled = True
+        unscaled, _ = _common.unscale_and_check(grads, scale)
+        self._unscaled_marks.open(grads, unscaled)
         return unscaled
 
     # --------------------------------------------------------------------------- apply
@@ -298,8 +411,11 @@ class KerasLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         if tf.distribute.in_cross_replica_context() and tf.distribute.has_strategy():
             raise ValueError("apply() must be called in a replica context (strategy.run).")
 
-        already = self._grads_already_unscaled
-        self._grads_already_unscaled = False
+        graph, mark = self._unscaled_marks.find()
+        already = False
+        if mark is not None:
+            self._unscaled_marks.close(graph)
+            already = mark.classify(grads)
         state_vars = [v.value for v in self._state_vars]
         scale = tf.convert_to_tensor(state_vars[0])
         raw = [
