@@ -181,6 +181,58 @@ def test_unmodified_custom_loop_scales_the_loss_and_skips_overflow() -> None:
         assert int(after.skipped_steps) == int(state.skipped_steps) + 1
 
 
+def _gradient_penalty_steps(steps: int = 2) -> tuple[list[np.ndarray], keras.optimizers.SGD]:
+    """WGAN-GP-style steps: the inner tape's gradient is differentiated again by the outer."""
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [keras.Input((4,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)]
+    )
+    opt = keras.optimizers.SGD(0.1)
+    x = tf.constant(np.random.default_rng(1).random((16, 4), dtype=np.float32))
+    for _ in range(steps):
+        with tf.GradientTape() as outer:
+            with tf.GradientTape() as inner:
+                inner.watch(x)
+                score = tf.reduce_sum(model(x))
+            slopes = tf.norm(inner.gradient(score, x), axis=1)
+            loss = tf.reduce_mean(model(x)) + tf.reduce_mean((slopes - 1.0) ** 2)
+        grads = outer.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+    return [v.numpy() for v in model.trainable_variables], opt
+
+
+def test_nested_tape_gradient_penalty_is_unchanged_by_loss_scaling() -> None:
+    """The inner gradient is recorded by the outer tape: it is left unscaled (the fused unscale
+    op has no gradient), the outer one is loss-scaled, and no finite flag is left pending."""
+    expected, _ = _gradient_penalty_steps()
+    with activation.activated(Settings(graph_rewrite=False, loss_scaling=True)):
+        got, opt = _gradient_penalty_steps()
+        state = auto_loss_scale.current_state()
+        assert not auto_loss_scale._STATE["pending"].get(auto_loss_scale._graph_key())
+    assert int(opt.iterations) == 2 and int(state.good_steps) == 2
+    for have, want in zip(got, expected, strict=True):
+        np.testing.assert_allclose(have, want, rtol=1e-5, atol=1e-6)
+
+
+def test_each_apply_takes_the_finite_flag_of_its_own_gradients() -> None:
+    """GAN order (both gradients, then both applies): the overflowing step is skipped, the
+    finite one applied; a flag older than the ones applied does not linger."""
+    with activation.activated(Settings(graph_rewrite=False, loss_scaling=True)):
+        a, b = tf.Variable([1.0, 2.0]), tf.Variable([3.0, 4.0])
+        opt_a, opt_b = keras.optimizers.SGD(0.1), keras.optimizers.SGD(0.1)
+        with tf.GradientTape(persistent=True) as tape:
+            loss_a = tf.reduce_sum(a * a) * np.inf
+            loss_b = tf.reduce_sum(b * b)
+        tape.gradient(loss_b, [b])  # never applied (say, logged): must not linger
+        grads_a = tape.gradient(loss_a, [a])
+        grads_b = tape.gradient(loss_b, [b])
+        opt_a.apply_gradients(zip(grads_a, [a], strict=True))
+        opt_b.apply_gradients(zip(grads_b, [b], strict=True))
+        assert not auto_loss_scale._STATE["pending"].get(auto_loss_scale._graph_key())
+    np.testing.assert_array_equal(a.numpy(), [1.0, 2.0])
+    np.testing.assert_allclose(b.numpy(), [2.4, 3.2], rtol=1e-6)
+
+
 # ----------------------------------------------------------------------------- subprocesses
 
 

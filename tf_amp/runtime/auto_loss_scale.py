@@ -10,10 +10,21 @@ An unmodified script does not call ``scale_loss``. Three shapes of script are co
 * A custom loop: ``grads = tape.gradient(loss, vars)`` then ``opt.apply_gradients(...)``.
   :func:`gradient_patch` seeds the backward pass with ``scale`` instead of 1 (the same as
   differentiating ``loss * scale``, but needs nothing recorded on the tape), unscales and checks
-  the gradients with the fused op, and leaves the finite flag for the next Keras ``apply`` in
-  the same graph; :func:`keras_apply_patch` then applies only when the flag is true and moves the
-  process-wide scale with ``tf_amp.loss_scale``'s dynamic policy. A skipped step changes no
-  weight, slot or ``iterations``.
+  the gradients with the fused op, and leaves the finite flag for the Keras ``apply`` of those
+  gradients in the same graph; :func:`keras_apply_patch` then applies only when the flag is true
+  and moves the process-wide scale with ``tf_amp.loss_scale``'s dynamic policy. A skipped step
+  changes no weight, slot or ``iterations``.
+
+  Not scaled: a ``gradient`` call that a tape records (an outer tape still open, or a persistent
+  tape called inside its own ``with``). Its result may be differentiated again (gradient
+  penalty, WGAN-GP, Hessian-vector products) and the fused unscale op has no gradient; such a
+  call is computed exactly as without tf_amp. The outermost ``gradient`` call is the scaled one.
+
+  Finite flags: each scaled call leaves one, per graph (held weakly: it goes with its graph). An
+  ``apply`` takes the flags of the calls that returned the gradients it is given (the latest
+  one when they were transformed in between, e.g. clipped) and drops every older flag, so a
+  GAN's two gradient calls then two applies each get their own flag and no stale flag reaches a
+  later step.
 
 The scale of the custom-loop path lives in non-trainable variables named
 ``tf_amp_auto_loss_scale/*``, created on first use outside any function, and tracked by every
@@ -40,13 +51,20 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import tensorflow as tf
 
 _LOCK = threading.Lock()
-_STATE: dict[str, Any] = {"vars": None, "policy": None, "pending": {}, "local": threading.local()}
+_STATE: dict[str, Any] = {
+    "vars": None,
+    "policy": None,
+    "pending": weakref.WeakKeyDictionary(),  # graph -> [(gradients returned, finite flag)]
+    "local": threading.local(),
+}
+_MAX_PENDING = 16  # flags kept per graph (eager: gradient calls that no apply follows)
 
 
 def reset() -> None:
@@ -54,7 +72,7 @@ def reset() -> None:
     with _LOCK:
         _STATE["vars"] = None
         _STATE["policy"] = None
-        _STATE["pending"] = {}
+        _STATE["pending"] = weakref.WeakKeyDictionary()
 
 
 def _policy() -> Any:
@@ -111,8 +129,45 @@ def current_state() -> Any:
     return LossScaleState(*(v.read_value() for v in state_variables()))
 
 
+class _Eager:
+    """The key of eager flags (weakly referenceable, unlike a string)."""
+
+
+_EAGER = _Eager()
+
+
 def _graph_key() -> Any:
-    return "eager" if tf.executing_eagerly() else id(tf.compat.v1.get_default_graph())
+    return _EAGER if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+
+
+def _recorded_by_a_tape(tape: Any) -> bool:
+    """True when the gradient computation ``tape.gradient`` is about to run is recorded by a
+    tape (it may be differentiated again). A non-persistent tape stops recording first, as
+    ``GradientTape.gradient`` does itself (same private attributes, TF 2.x)."""
+    from tensorflow.python.eager import record
+
+    if getattr(tape, "_recording", False) and not getattr(tape, "_persistent", True):
+        tape._pop_tape()  # noqa: SLF001
+    return record.could_possibly_record()
+
+
+def _leave_pending(gradients: list[Any], finite: Any) -> None:
+    entries = _STATE["pending"].setdefault(_graph_key(), [])
+    entries.append((gradients, finite))
+    del entries[:-_MAX_PENDING]
+
+
+def _take_pending(grads: list[Any]) -> Any:
+    """The finite flag for an ``apply`` of ``grads`` (None when no scaled call left one)."""
+    entries = _STATE["pending"].get(_graph_key())
+    if not entries:
+        return None
+    given = {id(g) for g in grads if g is not None}
+    chosen = [i for i, (ts, _) in enumerate(entries) if any(id(t) in given for t in ts)]
+    chosen = chosen or [len(entries) - 1]
+    flags = [entries[i][1] for i in chosen]
+    del entries[: chosen[-1] + 1]
+    return flags[0] if len(flags) == 1 else tf.reduce_all(tf.stack(flags))
 
 
 def gradient_patch(
@@ -130,9 +185,16 @@ def gradient_patch(
         output_gradients: Any = None,
         unconnected_gradients: Any = tf.UnconnectedGradients.NONE,
     ) -> Any:
-        if not is_user_caller() or not _is_float_scalar(target):
+        if (
+            not is_user_caller()
+            or not _is_float_scalar(target)
+            or _recorded_by_a_tape(self)
+        ):
             return original(self, target, sources, output_gradients, unconnected_gradients)
         scale = current_state().scale
+        # A float16 loss with scale >= 65520 seeds inf: that step is skipped and the scale
+        # halves. Multiplying in float32 would not help: the gradient of the float16 loss
+        # itself (the backward Cast) is that same scale in float16.
         seed = tf.cast(scale, target.dtype)
         seed = seed * (tf.ones_like(target) if output_gradients is None else output_gradients)
         grads = original(self, target, sources, seed, unconnected_gradients)
@@ -141,7 +203,7 @@ def gradient_patch(
         unscaled, finite = unscale_and_check_finite([flat[i] for i in present], scale)
         for i, value in zip(present, unscaled, strict=True):
             flat[i] = value
-        _STATE["pending"][_graph_key()] = finite
+        _leave_pending([flat[i] for i in present], finite)
         return nest.pack_sequence_as(grads, flat)
 
     gradient.__wrapped__ = original  # type: ignore[attr-defined]
@@ -160,11 +222,14 @@ def keras_apply_patch(original: Callable[..., Any]) -> Callable[..., Any]:
     """Keras ``BaseOptimizer.apply`` skipping the step when the last scaled gradients overflowed."""
 
     def apply(self: Any, grads: Any, trainable_variables: Any = None) -> Any:
-        finite = _STATE["pending"].pop(_graph_key(), None)
+        if _STATE["pending"].get(_graph_key()):
+            grads = list(grads)
+            finite = _take_pending(grads)
+        else:
+            finite = None
         if finite is None or getattr(self, "_tf_amp_loss_scale_wrapper", False):
             return original(self, grads, trainable_variables)
         attach_state(self)
-        grads = list(grads)
         if not self.built:
             variables = trainable_variables
             if variables is None:
