@@ -38,6 +38,48 @@ from tf_amp.painter import (
 from tf_amp.type_attrs import BodyView, device_type
 
 _CAT_WORD = {CAT_ALLOW: "allow", CAT_INFER: "infer", CAT_CLEAR: "clear", CAT_DENY: "deny"}
+# Why a vertex got its colour, in a user's words, per painter reason code. Fields: op, t (the
+# target dtype), cause (the neighbour that decided it), by (" (cause)" or ""), op_list, level.
+_REASON_TEXT: dict[int, str] = {
+    R_ALLOW_LIST: "{op} is on the allow list: performance-critical and safe in {t}",
+    R_FORCED_LEVEL: "opt level {level} converts every op that has a {t} kernel",
+    R_BETWEEN_ALLOW: (
+        "{op_list} op lying between {t} ops (downstream and upstream of one, here {cause}): "
+        "converting it saves a pair of casts"
+    ),
+    R_FOLLOWS_ALLOW: "infer op fed directly by {t} op {cause} (infer_follows_allow)",
+    R_CLEAR_PROPAGATED: "clear op (moves data, no numeric effect) connected to {t} op {cause}",
+    R_TENSOR_LIST_MATCH_ALLOW: (
+        "TensorList sharing a handle with {t} list op {cause}: one element type"
+    ),
+    R_RECURRENT_PAINT: "loop back edge: matches the colour of its Merge {cause}",
+    R_CAST_RETARGET: "existing Cast whose consumers are all {t}: now casts to {t} directly",
+    R_DENY_LIST: "{op} is on the deny list: numerically unsafe in {t}, kept float32",
+    R_DENY_PROPAGATED: (
+        "fed (through clear/infer ops) by float32-only op {cause} and itself feeds a "
+        "deny/infer op: kept float32 so the unsafe value is not rounded"
+    ),
+    R_TENSOR_LIST_UNSAFE: (
+        "TensorList whose handle crosses a function, feed or control-flow boundary: "
+        "the other side cannot be changed consistently, kept float32"
+    ),
+    R_TENSOR_LIST_MATCH_DENY: (
+        "TensorList sharing a handle with float32 list op {cause}: one element type"
+    ),
+    R_NO_HALF_SUPPORT: "no {t} support (OpDef or kernel) for this attr: kept float32",
+    R_RECURRENT_UNPAINT: "loop-carried value: a Merge/NextIteration partner{by} is float32",
+}
+
+# Why a node was never a candidate (the painter's node_block), in a user's words.
+_BLOCK_TEXT: dict[str, str] = {
+    "unknown-op": "op {op} is not registered with TensorFlow: kept float32, casts at its edges",
+    "preserved": "node is preserved (feed/fetch): its dtype must not change",
+    "state": "constant, feed or variable access: keeps its dtype (master weights)",
+    "function": "calls a function; its signature stays float32 (the body is rewritten)",
+    "excluded": "excluded by exclude_scopes or the _tf_amp_exclude attr: kept float32",
+    "device": "not placed on a GPU (eligible_devices='gpu'): not processed",
+}
+
 _PASS = {
     R_ALLOW_LIST: "add_allow_list_ops",
     R_FORCED_LEVEL: "add_allow_list_ops",
@@ -209,58 +251,16 @@ class RewriteReport:
         op_list: str | None,
     ) -> str:
         t = self.target_dtype
-        by = f" ({cause})" if cause else ""
-        if code == R_ALLOW_LIST:
-            return f"{op} is on the allow list: performance-critical and safe in {t}"
-        if code == R_FORCED_LEVEL:
-            return f"opt level {self.opt_level} converts every op that has a {t} kernel"
-        if code == R_BETWEEN_ALLOW:
-            return (
-                f"{op_list} op lying between {t} ops (downstream and upstream of one, here "
-                f"{cause}): converting it saves a pair of casts"
+        template = _REASON_TEXT.get(code)
+        if template is not None:
+            return template.format(
+                op=op, t=t, cause=cause, op_list=op_list, level=self.opt_level,
+                by=f" ({cause})" if cause else "",
             )
-        if code == R_FOLLOWS_ALLOW:
-            return f"infer op fed directly by {t} op {cause} (infer_follows_allow)"
-        if code == R_CLEAR_PROPAGATED:
-            return f"clear op (moves data, no numeric effect) connected to {t} op {cause}"
-        if code == R_TENSOR_LIST_MATCH_ALLOW:
-            return f"TensorList sharing a handle with {t} list op {cause}: one element type"
-        if code == R_RECURRENT_PAINT:
-            return f"loop back edge: matches the colour of its Merge {cause}"
-        if code == R_CAST_RETARGET:
-            return f"existing Cast whose consumers are all {t}: now casts to {t} directly"
-        if code == R_DENY_LIST:
-            return f"{op} is on the deny list: numerically unsafe in {t}, kept float32"
-        if code == R_DENY_PROPAGATED:
-            return (
-                f"fed (through clear/infer ops) by float32-only op {cause} and itself feeds a "
-                f"deny/infer op: kept float32 so the unsafe value is not rounded"
-            )
-        if code == R_TENSOR_LIST_UNSAFE:
-            return (
-                "TensorList whose handle crosses a function, feed or control-flow boundary: "
-                "the other side cannot be changed consistently, kept float32"
-            )
-        if code == R_TENSOR_LIST_MATCH_DENY:
-            return f"TensorList sharing a handle with float32 list op {cause}: one element type"
-        if code == R_NO_HALF_SUPPORT:
-            return f"no {t} support (OpDef or kernel) for this attr: kept float32"
-        if code == R_RECURRENT_UNPAINT:
-            return f"loop-carried value: a Merge/NextIteration partner{by} is float32"
         n = view.v_node[v]
-        block = painting.node_block[n]
-        if block == "unknown-op":
-            return f"op {op} is not registered with TensorFlow: kept float32, casts at its edges"
-        if block == "preserved":
-            return "node is preserved (feed/fetch): its dtype must not change"
-        if block == "state":
-            return "constant, feed or variable access: keeps its dtype (master weights)"
-        if block == "function":
-            return "calls a function; its signature stays float32 (the body is rewritten)"
-        if block == "excluded":
-            return "excluded by exclude_scopes or the _tf_amp_exclude attr: kept float32"
-        if block == "device":
-            return "not placed on a GPU (eligible_devices='gpu'): not processed"
+        blocked = _BLOCK_TEXT.get(painting.node_block[n])
+        if blocked is not None:
+            return blocked.format(op=op)
         no_half = painting.f16[v] == 2 or (
             painting.f16[v] == 0
             and painting.supports_half is not None
