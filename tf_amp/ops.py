@@ -33,11 +33,11 @@ _LOG = logging.getLogger("tf_amp")
 _LIBRARY_BASENAME = "_tf_amp_ops.so"
 _FORCE_FALLBACK_ENV = "TF_AMP_FORCE_FALLBACK_OP"
 _SUPPORTED_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
-_OP_NAME = "TfAmpUnscaleAndCheckFinite"
+NATIVE_OP_NAME = "TfAmpUnscaleAndCheckFinite"
 
 # Gradients are the end of the backward pass: nothing differentiates through their unscaling,
 # and saying so lets tapes and tf.gradients stop here instead of failing on a missing gradient.
-tf.no_gradient(_OP_NAME)
+tf.no_gradient(NATIVE_OP_NAME)
 
 
 @functools.lru_cache(maxsize=1)
@@ -71,7 +71,7 @@ def native_op_available() -> bool:
     return _load_native_module()[0] is not None
 
 
-def _tracing_for_xla() -> bool:
+def in_xla_context() -> bool:
     """True while tracing code that XLA will compile (``jit_compile=True``, TPU).
 
     The native op has no XLA kernel; XLA fuses the TF-ops version into the surrounding step
@@ -148,7 +148,7 @@ def unscale_and_check_finite(
     module, reason = _load_native_module()
     if use_native and module is None:
         raise RuntimeError(f"tf_amp native op requested but unavailable: {reason}")
-    if use_native is None and _tracing_for_xla():
+    if use_native is None and in_xla_context():
         use_native = False
     if module is not None and use_native is not False:
         unscaled, all_finite = module.tf_amp_unscale_and_check_finite(values, scale)

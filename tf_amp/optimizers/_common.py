@@ -13,10 +13,10 @@ from typing import Any
 
 import tensorflow as tf
 from tensorflow.core.framework import summary_pb2
-from tensorflow.python.ops import control_flow_util, summary_ops_v2
+from tensorflow.python.ops import summary_ops_v2
 
 from tf_amp.loss_scale import LossScale, LossScaleState
-from tf_amp.ops import unscale_and_check_finite
+from tf_amp.ops import in_xla_context
 
 GRAPH_REWRITE_ATTR = "_tf_amp_graph_rewrite"
 """Attribute set to True on a wrapper returned by ``enable_mixed_precision_graph_rewrite``."""
@@ -53,12 +53,6 @@ def _keras_loss_scale_optimizer_class() -> type | None:
     return getattr(keras_module.optimizers, "LossScaleOptimizer", None)
 
 
-def unscale_and_check(grads: list[Any], scale: Any) -> tuple[list[Any], tf.Tensor]:
-    """The fused op, or its TF-ops form under ``jit_compile``: the native kernel has no XLA
-    translation, while the TF ops compile (and XLA fuses them anyway)."""
-    return unscale_and_check_finite(grads, scale, use_native=False if in_xla_context() else None)
-
-
 def all_replicas_finite(finite: tf.Tensor) -> tf.Tensor:
     """ANDs the finite flag over all replicas (in a replica context), so all decide alike.
 
@@ -72,12 +66,6 @@ def all_replicas_finite(finite: tf.Tensor) -> tf.Tensor:
         return finite
     bad = context.all_reduce(tf.distribute.ReduceOp.SUM, tf.cast(~finite, tf.float32))
     return tf.equal(bad, 0.0)
-
-
-def in_xla_context() -> bool:
-    """True while tracing under ``jit_compile``: no print ops there."""
-    graph = tf.compat.v1.get_default_graph()
-    return not tf.executing_eagerly() and control_flow_util.GraphOrParentsInXlaContext(graph)
 
 
 def floor_alarm(

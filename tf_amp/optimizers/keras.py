@@ -39,6 +39,7 @@ from keras.src.utils import tracking
 
 from tf_amp import loss_scale as loss_scale_lib
 from tf_amp.loss_scale import LossScale, LossScaleState
+from tf_amp.ops import unscale_and_check_finite
 from tf_amp.optimizers import _common
 
 # Base-optimizer arguments that belong on the inner optimizer, not on the wrapper.
@@ -377,7 +378,7 @@ class KerasLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             )
         grads = list(grads)
         scale = self.loss_scale
-        unscaled, _ = _common.unscale_and_check(grads, scale)
+        unscaled, _ = unscale_and_check_finite(grads, scale)
         self._unscaled_marks.open(grads, unscaled)
         return unscaled
 
@@ -422,7 +423,7 @@ class KerasLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             None if g is None or self._overwrite_variable_with_gradient(v) else g
             for g, v in zip(grads, variables, strict=True)
         ]
-        unscaled, finite = _common.unscale_and_check(raw, tf.constant(1.0) if already else scale)
+        unscaled, finite = unscale_and_check_finite(raw, tf.constant(1.0) if already else scale)
         unscaled = [u if r is not None else g for u, r, g in zip(unscaled, raw, grads, strict=True)]
         finite = _common.all_replicas_finite(finite)
 

@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from tf_amp import loss_scale as loss_scale_lib
 from tf_amp.loss_scale import LossScale, LossScaleState
+from tf_amp.ops import unscale_and_check_finite
 from tf_amp.optimizers import _common
 
 _V1Optimizer = tf.compat.v1.train.Optimizer
@@ -151,7 +152,7 @@ class V1LossScaleOptimizer(_V1Optimizer):
         """
         if not self.enabled:
             return list(grads)
-        unscaled, finite = _common.unscale_and_check(list(grads), self._state().scale)
+        unscaled, finite = unscale_and_check_finite(list(grads), self._state().scale)
         self._last_unscaled = (unscaled, finite)
         return unscaled
 
@@ -189,7 +190,7 @@ class V1LossScaleOptimizer(_V1Optimizer):
             grad_loss,
         )
         grads = [g for g, _ in grads_and_vars]
-        unscaled, finite = _common.unscale_and_check(grads, scale)
+        unscaled, finite = unscale_and_check_finite(grads, scale)
         self._last_unscaled = (unscaled, finite)
         return list(zip(unscaled, [v for _, v in grads_and_vars], strict=True))
 
@@ -207,7 +208,7 @@ class V1LossScaleOptimizer(_V1Optimizer):
             and all(a is b for a, b in zip(cached[0], grads, strict=True))
         ):
             return cached[1]
-        return _common.unscale_and_check(grads, tf.constant(1.0))[1]
+        return unscale_and_check_finite(grads, tf.constant(1.0))[1]
 
     def apply_gradients(
         self, grads_and_vars: Any, global_step: Any = None, name: str | None = None

@@ -39,6 +39,7 @@ from tensorflow.python.framework import func_graph as func_graph_lib
 from tensorflow.python.framework import importer, ops
 from tensorflow.python.util import nest
 
+from tf_amp import ops as native_ops
 from tf_amp.runtime import _graphdef
 
 _LOG = logging.getLogger("tf_amp")
@@ -147,7 +148,7 @@ def rebuild_concrete_function(
 
 
 # Custom ops known to have CPU/GPU kernels but no XLA kernel.
-_NO_XLA_OPS = frozenset({"TfAmpUnscaleAndCheckFinite"})
+_NO_XLA_OPS = frozenset({native_ops.NATIVE_OP_NAME})
 
 
 def _ops_without_xla_kernel(graph_def: graph_pb2.GraphDef) -> set[str]:
