@@ -25,7 +25,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from tf_amp.optimizers import LossScaleOptimizer, _common
+from tf_amp.optimizers import LossScaleOptimizer, _common, is_keras_optimizer
 
 _LOCK = threading.Lock()
 _ENABLED = False
@@ -53,7 +53,7 @@ def enable_mixed_precision_graph_rewrite(
     setattr(wrapped, _common.GRAPH_REWRITE_ATTR, True)
     with _LOCK:
         _ENABLED = True
-        if _is_keras_optimizer(wrapped) and not _INSTALLED_COMPILE_HOOK:
+        if is_keras_optimizer(wrapped) and not _INSTALLED_COMPILE_HOOK:
             # model.compile(optimizer=wrapped) must hook fit/evaluate/predict to the rewrite.
             from tf_amp.runtime import keras_fit
 
@@ -61,11 +61,6 @@ def enable_mixed_precision_graph_rewrite(
             _INSTALLED_COMPILE_HOOK = True
     return wrapped
 
-
-def _is_keras_optimizer(opt: Any) -> bool:
-    import keras
-
-    return isinstance(opt, keras.optimizers.Optimizer)
 
 
 def disable_mixed_precision_graph_rewrite() -> None:

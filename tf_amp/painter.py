@@ -192,9 +192,6 @@ class Painting:
     nothing_to_do: bool = False
     supports_half: Callable[[int], bool] | None = None  # for the report, evaluated lazily
 
-    def allow_count(self) -> int:
-        return self.colour.count(ALLOW_C)
-
 
 class Painter:
     """Runs the passes over one BodyView. Construct per body; call ``paint()``."""

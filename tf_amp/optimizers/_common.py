@@ -30,9 +30,14 @@ SUPPORTED_MESSAGE = (
 )
 
 
+def is_tf_amp_wrapper(optimizer: Any) -> bool:
+    """True for a tf_amp LossScaleOptimizer (Keras or v1), which marks its class so."""
+    return bool(getattr(optimizer, "_tf_amp_loss_scale_wrapper", False))
+
+
 def check_not_wrapped(inner: Any) -> None:
     """Raises a clear error for an optimizer that already scales the loss."""
-    if getattr(inner, "_tf_amp_loss_scale_wrapper", False):
+    if is_tf_amp_wrapper(inner):
         raise ValueError(
             f"{type(inner).__name__} {getattr(inner, 'name', '')!r} is already a tf_amp "
             "LossScaleOptimizer; wrap the original optimizer once (its `inner_optimizer` is "

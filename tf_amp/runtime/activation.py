@@ -102,12 +102,6 @@ def parse_flag(environ: Mapping[str, str], name: str) -> bool | None:
     )
 
 
-def env_requests_activation(environ: Mapping[str, str] | None = None) -> bool:
-    """Cheap test used by the startup hook: is any of the variables set (non-empty)?"""
-    env = os.environ if environ is None else environ
-    return any(env.get(name, "").strip() for name in ENV_VARS)
-
-
 # --------------------------------------------------------------------------- patch registry
 
 

@@ -227,7 +227,7 @@ def keras_apply_patch(original: Callable[..., Any]) -> Callable[..., Any]:
             finite = _take_pending(grads)
         else:
             finite = None
-        if finite is None or getattr(self, "_tf_amp_loss_scale_wrapper", False):
+        if finite is None or _is_tf_amp_wrapper(self):
             return original(self, grads, trainable_variables)
         attach_state(self)
         if not self.built:
@@ -286,7 +286,7 @@ def _inside_wrapper() -> Iterator[None]:
 
 def _passes_through(optimizer: Any) -> bool:
     return (
-        getattr(optimizer, "_tf_amp_loss_scale_wrapper", False)
+        _is_tf_amp_wrapper(optimizer)
         or getattr(_STATE["local"], "depth", 0) > 0
     )
 
@@ -343,3 +343,10 @@ def v1_apply_gradients_patch(
 def v1_wrapper_of(optimizer: Any) -> Any:
     """The loss-scale wrapper the environment activation put around a v1 optimizer, if any."""
     return optimizer.__dict__.get("_tf_amp_auto_wrapper")
+
+
+def _is_tf_amp_wrapper(optimizer: Any) -> bool:
+    # Imported on use: this module loads while Keras is still importing (env activation).
+    from tf_amp.optimizers import _common
+
+    return _common.is_tf_amp_wrapper(optimizer)

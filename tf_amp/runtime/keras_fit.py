@@ -227,7 +227,9 @@ def wants_rewrite(optimizer: Any) -> bool:
     consulted: the per-optimizer marker scopes the rewrite to the models compiled with that
     optimizer, so enabling it for one model does not leak into unrelated models.
     """
-    if getattr(optimizer, "_tf_amp_graph_rewrite", False):
+    from tf_amp.enable import optimizer_wants_rewrite
+
+    if optimizer_wants_rewrite(optimizer):
         return True
     from tf_amp.runtime import activation
 
@@ -250,7 +252,7 @@ def _maybe_wrap_optimizer(model: Any, optimizer: Any) -> Any:
     import keras
 
     resolved = keras.optimizers.get(optimizer)
-    if getattr(resolved, "_tf_amp_loss_scale_wrapper", False) or isinstance(
+    if _is_tf_amp_wrapper(resolved) or isinstance(
         resolved, keras.optimizers.LossScaleOptimizer
     ):
         return resolved
@@ -340,5 +342,9 @@ def uninstall_compile_hook() -> None:
     compile_owner().compile = _ORIGINAL_COMPILE.pop()
 
 
-def compile_hook_installed() -> bool:
-    return bool(_ORIGINAL_COMPILE)
+
+def _is_tf_amp_wrapper(optimizer: Any) -> bool:
+    # Imported on use: this module loads while Keras is still importing (env activation).
+    from tf_amp.optimizers import _common
+
+    return _common.is_tf_amp_wrapper(optimizer)
