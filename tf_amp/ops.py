@@ -60,7 +60,7 @@ def _load_native_module() -> tuple[Any | None, str]:
 @functools.lru_cache(maxsize=1)
 def _warn_fallback_once(reason: str) -> None:
     _LOG.warning(
-        "tf_amp: native UnscaleAndCheckFinite op unavailable (%s); using TensorFlow ops instead, "
+        "native UnscaleAndCheckFinite op unavailable (%s); using TensorFlow ops instead, "
         "which is slower but computes the same result.",
         reason,
     )

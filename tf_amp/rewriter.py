@@ -88,7 +88,7 @@ def _rewrite(graph_def: graph_pb2.GraphDef, config: RewriteConfig) -> RewriteRes
     )
     if config.opt_level == "O0":
         report.nodes_before = len(out.node)
-        logger.info("tf_amp: opt level O0, graph left unchanged (nothing to do)")
+        logger.info("opt level O0, graph left unchanged (nothing to do)")
         return RewriteResult(out, report)
 
     target = DT_HALF if config.target_dtype == "float16" else DT_BFLOAT16
@@ -200,11 +200,11 @@ def _log(report: RewriteReport) -> None:
     if report.changed:
         logger.info(report.summary_line())
     else:
-        logger.info("tf_amp: no allow-list ops found, nothing to do (graph unchanged)")
+        logger.info("no allow-list ops found, nothing to do (graph unchanged)")
     if report.unknown_ops:
         shown = ", ".join(f"{node} ({op})" for _, node, op in report.unknown_ops[:5])
         logger.warning(
-            "tf_amp: %d node(s) use ops TensorFlow has not registered and were kept float32: %s",
+            "%d node(s) use ops TensorFlow has not registered and were kept float32: %s",
             len(report.unknown_ops),
             shown,
         )
