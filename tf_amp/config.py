@@ -190,12 +190,26 @@ def _env_choice(
     return value
 
 
-def _env_bool(env: Mapping[str, str], var: str, default: bool) -> bool:
-    raw = env.get(var, "").strip().lower()
-    if not raw:
-        return default
-    if raw in ("1", "true", "yes", "on"):
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
+def parse_flag(environ: Mapping[str, str], name: str) -> bool | None:
+    """``None`` when unset or empty; True/False for the accepted spellings; else ValueError."""
+    raw = environ.get(name)
+    if raw is None or not raw.strip():
+        return None
+    value = raw.strip().lower()
+    if value in _TRUE:
         return True
-    if raw in ("0", "false", "no", "off"):
+    if value in _FALSE:
         return False
-    raise ValueError(f"{var}={env[var]!r} is not understood; use 1 or 0")
+    raise ValueError(
+        f"{name}={raw!r} is not understood; use 1 (on) or 0 (off) "
+        "(also accepted: true/false, yes/no, on/off)"
+    )
+
+
+def _env_bool(env: Mapping[str, str], var: str, default: bool) -> bool:
+    value = parse_flag(env, var)
+    return default if value is None else value

@@ -47,15 +47,14 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tf_amp.config import parse_flag
+
 _LOG = logging.getLogger("tf_amp")
 
 ENV_ENABLE = "TF_ENABLE_AUTO_MIXED_PRECISION"
 ENV_GRAPH_REWRITE = "TF_ENABLE_AUTO_MIXED_PRECISION_GRAPH_REWRITE"
 ENV_LOSS_SCALING = "TF_ENABLE_AUTO_MIXED_PRECISION_LOSS_SCALING"
 ENV_VARS = (ENV_ENABLE, ENV_GRAPH_REWRITE, ENV_LOSS_SCALING)
-
-_TRUE = frozenset({"1", "true", "yes", "on"})
-_FALSE = frozenset({"0", "false", "no", "off"})
 
 # Modules whose functions stay plain ``tf.function`` when the rewrite patches ``tf.function``.
 _LIBRARY_MODULES = frozenset({"tensorflow", "keras", "tf_keras", "tf_amp", "absl", "tensorboard"})
@@ -85,21 +84,6 @@ class Settings:
             loss_scaling=default if scaling is None else scaling,
         )
 
-
-def parse_flag(environ: Mapping[str, str], name: str) -> bool | None:
-    """``None`` when unset or empty; True/False for the accepted spellings; else ValueError."""
-    raw = environ.get(name)
-    if raw is None or not raw.strip():
-        return None
-    value = raw.strip().lower()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    raise ValueError(
-        f"{name}={raw!r} is not understood; use 1 (on) or 0 (off) "
-        "(also accepted: true/false, yes/no, on/off)"
-    )
 
 
 # --------------------------------------------------------------------------- patch registry
