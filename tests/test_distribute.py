@@ -240,3 +240,72 @@ def check_v1(rows: list[dict]) -> None:
     assert rows[2]["w"] != rows[1]["w"]
     assert [r["gs"][0] for r in rows] == [1, 1, 2, 2]
     assert [r["scale"][0] for r in rows] == [32768.0, 16384.0, 16384.0, 8192.0]
+
+
+ENV_CUSTOM_LOOP = textwrap.dedent(
+    """
+    import json, os
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import numpy as np
+    import tensorflow as tf
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()]
+    )
+    import keras
+    from tf_amp.runtime import activation, auto_loss_scale
+    from tf_amp.runtime.activation import Settings
+
+    # An unmodified custom loop (tape.gradient + apply_gradients, no scale_loss anywhere)
+    # under MirroredStrategy, loss scaling switched on as TF_ENABLE_AUTO_MIXED_PRECISION does.
+    with activation.activated(Settings(graph_rewrite=False, loss_scaling=True)):
+        strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+        with strategy.scope():
+            keras.utils.set_random_seed(0)
+            model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+            opt = keras.optimizers.SGD(0.1)
+        x = tf.constant(np.linspace(-1, 1, 16, dtype=np.float32).reshape(4, 4))
+
+        @tf.function
+        def step(bad):
+            def replica_fn():
+                context = tf.distribute.get_replica_context()
+                last = context.replica_id_in_sync_group == context.num_replicas_in_sync - 1
+                factor = tf.where(tf.logical_and(bad, last), np.inf, 1.0)
+                with tf.GradientTape() as tape:
+                    loss = tf.reduce_mean(tf.square(model(x) - 1.0)) * factor
+                grads = tape.gradient(loss, model.trainable_variables)
+                opt.apply_gradients(zip(grads, model.trainable_variables))
+
+            strategy.run(replica_fn)
+
+        def kernels():
+            return [v.numpy().tobytes() for v in model.layers[0].kernel.value.values]
+
+        rows = []
+        for bad in [False, True, False, True]:
+            before = kernels()
+            step(tf.constant(bad))
+            after = kernels()
+            rows.append({
+                "replicas_agree": len(set(after)) == 1,
+                "changed": before != after,
+                "iterations": int(opt.iterations.numpy()),
+                "scale": float(auto_loss_scale.current_state().scale),
+            })
+    print(json.dumps(rows))
+    """
+)
+
+
+def test_env_custom_loop_under_mirrored_strategy_skips_on_every_replica():
+    """The environment's custom-loop loss scaling under MirroredStrategy: the inner apply
+    all-reduces gradients, so its skip cond must run in the cross-replica context (it used to
+    fail with a merge_call error), and one replica's inf must make every replica skip."""
+    out, err = run_script(ENV_CUSTOM_LOOP, {}, 240).communicate(timeout=240)
+    assert out.strip(), err[-4000:]
+    rows = json.loads(out.strip().splitlines()[-1])
+    assert all(row["replicas_agree"] for row in rows)
+    assert [row["changed"] for row in rows] == [True, False, True, False]
+    assert [row["iterations"] for row in rows] == [1, 1, 2, 2]
+    assert [row["scale"] for row in rows] == [2.0**15, 2.0**14, 2.0**14, 2.0**13]

@@ -182,6 +182,54 @@ def apply_or_skip(
     return tf.cond(finite, on_finite, on_skip)
 
 
+def apply_if_finite(
+    finite: tf.Tensor,
+    inner_apply: Callable[[Any, Any], Any],
+    grads: Any,
+    variables: Any,
+    policy: LossScale,
+    state_variables: Sequence[Any],
+    floor_warning_skips: int,
+    max_consecutive_skips: int | None,
+) -> tf.Tensor | None:
+    """``apply_or_skip`` of ``inner_apply(grads, variables)``, from a replica context too.
+
+    Call it with ``finite`` already ANDed over replicas (``all_replicas_finite``). Strategies
+    that need ``merge_call`` (MirroredStrategy) cannot run a cond whose branch merges in a
+    replica context (the inner optimizer's gradient all-reduce), so there the cond runs in the
+    cross-replica context and calls back into each replica, as Keras does. ``finite`` is
+    identical on all replicas, so taking the first local value is exact. Returns the cond's
+    output, or None on the ``merge_call`` path (nothing to depend on in the replica context).
+    """
+    if tf.__internal__.distribute.strategy_supports_no_merge_call():
+        return apply_or_skip(
+            finite,
+            lambda: inner_apply(grads, variables),
+            policy,
+            state_variables,
+            floor_warning_skips,
+            max_consecutive_skips,
+        )
+
+    def cross_replica(distribution: Any, finite: Any, grads: Any, variables: Any) -> None:
+        first = distribution.experimental_local_results(finite)[0]
+
+        def apply_each() -> None:
+            distribution.extended.call_for_each_replica(inner_apply, args=(grads, variables))
+
+        apply_or_skip(
+            first,
+            apply_each,
+            policy,
+            state_variables,
+            floor_warning_skips,
+            max_consecutive_skips,
+        )
+
+    tf.distribute.get_replica_context().merge_call(cross_replica, args=(finite, grads, variables))
+    return None
+
+
 def write_summaries(scale: Any, skipped: Any, step: Any) -> None:
     """Writes the scale and skip count to the default ``tf.summary`` writer, if any.
 

@@ -427,49 +427,18 @@ class KerasLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         unscaled = [u if r is not None else g for u, r, g in zip(unscaled, raw, grads, strict=True)]
         finite = _common.all_replicas_finite(finite)
 
-        done = self._apply_if_finite(finite, unscaled, trainable_variables, state_vars)
+        done = _common.apply_if_finite(
+            finite,
+            self.inner_optimizer.apply,
+            unscaled,
+            trainable_variables,
+            self._policy,
+            state_vars,
+            self.floor_warning_skips,
+            self.max_consecutive_skips,
+        )
         with tf.control_dependencies([done] if done is not None else []):
             _common.write_summaries(state_vars[0], state_vars[2], self.iterations)
-        return None
-
-    def _apply_if_finite(
-        self,
-        finite: tf.Tensor,
-        grads: list[Any],
-        trainable_variables: Sequence[Any] | None,
-        state_vars: list[Any],
-    ) -> tf.Tensor | None:
-        """Runs the inner optimizer only when ``finite``; skipped steps touch nothing.
-
-        Strategies that need ``merge_call`` (MirroredStrategy) cannot run a cond whose branch
-        merges in a replica context, so there the cond runs in the cross-replica context and
-        calls back into each replica, as Keras does. ``finite`` is already identical on all
-        replicas (``all_replicas_finite``), so taking the first local value is exact.
-        """
-        inner_apply = self.inner_optimizer.apply
-        policy, warn, max_skips = self._policy, self.floor_warning_skips, self.max_consecutive_skips
-
-        if tf.__internal__.distribute.strategy_supports_no_merge_call():
-            return _common.apply_or_skip(
-                finite,
-                lambda: inner_apply(grads, trainable_variables),
-                policy,
-                state_vars,
-                warn,
-                max_skips,
-            )
-
-        def cross_replica(distribution: Any, finite: Any, grads: Any, variables: Any) -> None:
-            first = distribution.experimental_local_results(finite)[0]
-
-            def apply_each() -> None:
-                distribution.extended.call_for_each_replica(inner_apply, args=(grads, variables))
-
-            _common.apply_or_skip(first, apply_each, policy, state_vars, warn, max_skips)
-
-        tf.distribute.get_replica_context().merge_call(
-            cross_replica, args=(finite, grads, trainable_variables)
-        )
         return None
 
     def apply_gradients(self, grads_and_vars: Any) -> Any:

@@ -12,8 +12,9 @@ An unmodified script does not call ``scale_loss``. Three shapes of script are co
   differentiating ``loss * scale``, but needs nothing recorded on the tape), unscales and checks
   the gradients with the fused op, and leaves the finite flag for the Keras ``apply`` of those
   gradients in the same graph; :func:`keras_apply_patch` then applies only when the flag is true
-  and moves the process-wide scale with ``tf_amp.loss_scale``'s dynamic policy. A skipped step
-  changes no weight, slot or ``iterations``.
+  (ANDed over replicas under ``tf.distribute``) and moves the process-wide scale with
+  ``tf_amp.loss_scale``'s dynamic policy, through the same code as ``tf_amp.LossScaleOptimizer``.
+  A skipped step changes no weight, slot or ``iterations``.
 
   Not scaled: a ``gradient`` call that a tape records (an outer tape still open, or a persistent
   tape called inside its own ``with``). Its result may be differentiated again (gradient
@@ -89,8 +90,16 @@ def state_variables() -> list[tf.Variable]:
         if _STATE["vars"] is None:
             with tf.init_scope():  # eager, outside any function being traced
                 initial = _policy().initial_state()
+                # ONLY_FIRST_REPLICA: under a strategy every replica computes the same new
+                # state (the finite flag is ANDed over replicas), and a replica-context write
+                # needs an aggregation.
                 _STATE["vars"] = [
-                    tf.Variable(value, trainable=False, name=f"tf_amp_auto_loss_scale/{field}")
+                    tf.Variable(
+                        value,
+                        trainable=False,
+                        name=f"tf_amp_auto_loss_scale/{field}",
+                        aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+                    )
                     for field, value in zip(initial._fields, initial, strict=True)
                 ]
         return _STATE["vars"]
@@ -236,16 +245,21 @@ def keras_apply_patch(original: Callable[..., Any]) -> Callable[..., Any]:
                 raise ValueError("pass trainable_variables on the first apply()")
             self.build(list(variables))
 
-        def apply_fn() -> tf.Tensor:
-            original(self, grads, trainable_variables)
-            return tf.constant(True)
+        from tf_amp.optimizers import _common
 
-        applied = tf.cond(finite, apply_fn, lambda: tf.constant(False))
-        policy = _policy()
-        with tf.control_dependencies([applied]):
-            new_state = policy.adjust(current_state(), finite)
-        for var, value in zip(state_variables(), new_state, strict=True):
-            var.assign(tf.cast(value, var.dtype))
+        # The same decision as tf_amp.LossScaleOptimizer: ANDed over replicas, one cond that
+        # applies or skips and moves the scale, the floor alarm, and under MirroredStrategy
+        # the cond in the cross-replica context (the inner apply all-reduces gradients).
+        _common.apply_if_finite(
+            _common.all_replicas_finite(finite),
+            lambda g, v: original(self, g, v),
+            grads,
+            trainable_variables,
+            _policy(),
+            state_variables(),
+            floor_warning_skips=2,
+            max_consecutive_skips=None,
+        )
         return None
 
     apply.__wrapped__ = original  # type: ignore[attr-defined]
