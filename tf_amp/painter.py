@@ -431,8 +431,7 @@ class Painter:
             readers = [v for v in cluster if view.ops[view.v_node[v]] in _TENSOR_LIST_READERS]
             for w in writers:
                 for r in readers:
-                    view.fanout[w].append(r)
-                    view.fanin[r].append(w)
+                    view.add_edge(w, r)
             result.append(cluster)
         self._count("find_tensor_list_clusters(denied)", denied)
         return result
