@@ -8,7 +8,9 @@ tf_amp / keras_lso) from three timings taken moments apart.
 
 Why several processes: on a shared virtual machine the step time of one model differs from
 process to process by more than the effect measured here (memory placement, neighbours), so
-``--processes`` fresh processes each run every round schedule, and the ratios are pooled. The
+``--processes`` fresh processes each run every round schedule, and the ratios are pooled.
+Each process builds the three models in a different (rotated) order: with fixed seeds and a
+fixed order every process would place them in memory alike and repeat the same bias. The
 report gives the median paired ratio with a 95% bootstrap confidence interval, and says "not
 resolved" when the interval contains the goal's threshold: a difference smaller than the noise
 is reported as such, not as a win or a loss.
@@ -27,6 +29,7 @@ which the updates gated by one cond did not). Any wrapper that leaves weights an
 untouched on a skipped step pays that cond.
 
     python bench/step_overhead.py [--processes 3] [--rounds 20] [--steps 10] [--batch 64]
+                                  [--threads 1]
 """
 
 from __future__ import annotations
@@ -87,7 +90,11 @@ def train_rounds(
     """Seconds per train step of each optimizer, one entry per round, rounds rotated."""
     data = tf.data.Dataset.from_tensor_slices((x, y)).batch(args.batch).cache().repeat()
     models, iterators = {}, {}
-    for name, optimizer in optimizers().items():
+    # Build order rotates with the process number: the first model built gets different
+    # memory than the last, and the processes should not all favour the same optimizer.
+    built = list(optimizers().items())
+    shift = args.process % len(built)
+    for name, optimizer in built[shift:] + built[:shift]:
         model = build()
         model.compile(optimizer=optimizer, loss=loss, steps_per_execution=args.steps)
         model.make_train_function()
@@ -107,6 +114,9 @@ def train_rounds(
 
 def worker(args: argparse.Namespace) -> None:
     """One process's measurements, printed as one JSON line for the parent to pool."""
+    if args.threads:
+        tf.config.threading.set_inter_op_parallelism_threads(args.threads)
+        tf.config.threading.set_intra_op_parallelism_threads(args.threads)
     rng = np.random.default_rng(0)
     n = args.batch * args.steps
     x = rng.normal(size=(n, 32, 32, 3)).astype("float32")
@@ -183,7 +193,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20, help="timed rounds per process")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--processes", type=int, default=3, help="fresh processes to pool")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="TensorFlow inter- and intra-op threads (0: TensorFlow's default, all cores); "
+        "1 takes thread scheduling out of the comparison",
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--process", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--count-ops", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -194,7 +212,9 @@ def main() -> None:
     for p in range(args.processes):
         command = [sys.executable, os.path.abspath(__file__), "--worker"]
         command += ["--steps", str(args.steps), "--rounds", str(args.rounds)]
-        command += ["--batch", str(args.batch)] + (["--count-ops"] if p == 0 else [])
+        command += ["--batch", str(args.batch), "--threads", str(args.threads)]
+        command += ["--process", str(p)]
+        command += ["--count-ops"] if p == 0 else []
         out = subprocess.run(command, capture_output=True, text=True, check=False)
         lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
         if out.returncode != 0 or not lines:
@@ -209,8 +229,8 @@ def main() -> None:
     )
     print(
         f"batch {args.batch}, {args.rounds} rounds x {args.steps} steps per process, "
-        f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; ratios are paired "
-        "per round, pooled over processes"
+        f"{os.cpu_count()} CPUs, TensorFlow threads {args.threads or 'default'}, load average "
+        f"{os.getloadavg()[0]:.1f}; ratios are paired per round, pooled over processes"
     )
     cnn_stats = report_model("CNN 32x32x3 (the goal's model)", [r["cnn"] for r in results])
     report_model("deep MLP, 61 layers, 122 gradients", [r["mlp"] for r in results])
