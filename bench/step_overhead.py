@@ -23,9 +23,9 @@ cost +47% to +81% of plain Adam's step in an ablation (plain Adam wrapped in a c
 all-finite flag, no loss scaling; +30% to +63% with Grappler off, and +30% to +64% with the If
 kept as a function call instead of lowered to Switch/Merge), against +8% to +24% for the
 fused check alone. The cond costs parallelism more than work: with one inter-op thread
-tf_amp adds +9% to +13% there (plain Adam 3.0-3.6 ms/step), with two +51% (plain Adam
-2.0 ms/step, its 3,500 small update ops overlapping the backward pass on the second core,
-which the updates gated by one cond did not). Any wrapper that leaves weights and slots
+tf_amp adds +9% to +15% there, with two +51% to +57%, because plain Adam's 3,500 small update
+ops overlap the backward pass on the second core and the updates gated by one cond did not.
+Any wrapper that leaves weights and slots
 untouched on a skipped step pays that cond.
 
     python bench/step_overhead.py [--processes 3] [--rounds 20] [--steps 10] [--batch 64]
