@@ -25,8 +25,7 @@ kept as a function call instead of lowered to Switch/Merge), against +8% to +24%
 fused check alone. The cond costs parallelism more than work: with one inter-op thread
 tf_amp adds +9% to +15% there, with two +51% to +57%, because plain Adam's 3,500 small update
 ops overlap the backward pass on the second core and the updates gated by one cond did not.
-Any wrapper that leaves weights and slots
-untouched on a skipped step pays that cond.
+Any wrapper that leaves weights and slots untouched on a skipped step pays that cond.
 
     python bench/step_overhead.py [--processes 3] [--rounds 20] [--steps 10] [--batch 64]
                                   [--threads 1]
