@@ -248,18 +248,14 @@ ENV_CUSTOM_LOOP = textwrap.dedent(
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import numpy as np
     import tensorflow as tf
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(
-        cpu, [tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()]
-    )
+    {setup}
     import keras
     from tf_amp.runtime import activation, auto_loss_scale
     from tf_amp.runtime.activation import Settings
 
     # An unmodified custom loop (tape.gradient + apply_gradients, no scale_loss anywhere)
-    # under MirroredStrategy, loss scaling switched on as TF_ENABLE_AUTO_MIXED_PRECISION does.
+    # under the strategy, loss scaling switched on as TF_ENABLE_AUTO_MIXED_PRECISION does.
     with activation.activated(Settings(graph_rewrite=False, loss_scaling=True)):
-        strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
         with strategy.scope():
             keras.utils.set_random_seed(0)
             model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
@@ -280,32 +276,62 @@ ENV_CUSTOM_LOOP = textwrap.dedent(
             strategy.run(replica_fn)
 
         def kernels():
-            return [v.numpy().tobytes() for v in model.layers[0].kernel.value.values]
+            return [v.numpy().tobytes().hex() for v in model.layers[0].kernel.value.values]
 
         rows = []
         for bad in [False, True, False, True]:
             before = kernels()
             step(tf.constant(bad))
             after = kernels()
-            rows.append({
-                "replicas_agree": len(set(after)) == 1,
+            rows.append({{
+                "kernels": after,
                 "changed": before != after,
                 "iterations": int(opt.iterations.numpy()),
                 "scale": float(auto_loss_scale.current_state().scale),
-            })
-    print(json.dumps(rows))
+            }})
+    print(json.dumps({{"replicas": strategy.num_replicas_in_sync, "rows": rows}}))
     """
 )
+
+
+def check_env_custom_loop(facts: dict) -> None:
+    rows = facts["rows"]
+    assert facts["replicas"] == 2
+    assert all(len(set(row["kernels"])) == 1 for row in rows)  # local replicas agree
+    assert [row["changed"] for row in rows] == [True, False, True, False]
+    assert [row["iterations"] for row in rows] == [1, 1, 2, 2]
+    assert [row["scale"] for row in rows] == [2.0**15, 2.0**14, 2.0**14, 2.0**13]
 
 
 def test_env_custom_loop_under_mirrored_strategy_skips_on_every_replica():
     """The environment's custom-loop loss scaling under MirroredStrategy: the inner apply
     all-reduces gradients, so its skip cond must run in the cross-replica context (it used to
     fail with a merge_call error), and one replica's inf must make every replica skip."""
-    out, err = run_script(ENV_CUSTOM_LOOP, {}, 240).communicate(timeout=240)
-    assert out.strip(), err[-4000:]
-    rows = json.loads(out.strip().splitlines()[-1])
-    assert all(row["replicas_agree"] for row in rows)
-    assert [row["changed"] for row in rows] == [True, False, True, False]
-    assert [row["iterations"] for row in rows] == [1, 1, 2, 2]
-    assert [row["scale"] for row in rows] == [2.0**15, 2.0**14, 2.0**14, 2.0**13]
+    source = ENV_CUSTOM_LOOP.format(setup=MIRRORED_SETUP)
+    check_env_custom_loop(facts_from(run_script(source, {}, 240), 240))
+
+
+def test_env_custom_loop_under_multi_worker_strategy_skips_on_every_worker():
+    """Same loop on two worker processes (no merge_call: the cond runs per replica): the
+    worker whose gradients are finite must skip too, and both end with identical weights."""
+    ports = free_ports(2)
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
+    source = ENV_CUSTOM_LOOP.format(setup=MULTI_WORKER_SETUP)
+    workers = [
+        run_script(
+            source,
+            {"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})},
+            240,
+        )
+        for i in range(2)
+    ]
+    deadline = time.monotonic() + 240
+    try:
+        results = [facts_from(w, max(1.0, deadline - time.monotonic())) for w in workers]
+    finally:
+        for w in workers:
+            if w.poll() is None:
+                w.kill()
+    for facts in results:
+        check_env_custom_loop(facts)
+    assert results[0]["rows"] == results[1]["rows"]  # same weights on both workers
