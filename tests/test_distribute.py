@@ -160,7 +160,10 @@ MULTI_WORKER_SETUP = textwrap.dedent(
 EXPECTED_SCALES = [256.0, 256.0, 128.0, 128.0, 128.0, 64.0, 32.0, 32.0]
 
 
-def run_script(source: str, env: dict[str, str], timeout: float) -> subprocess.Popen:
+TIMEOUT = 240  # seconds for one scenario (both workers together in the multi-worker ones)
+
+
+def run_script(source: str, env: dict[str, str]) -> subprocess.Popen:
     full_env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", **env)
     return subprocess.Popen(
         [sys.executable, "-c", source],
@@ -191,7 +194,7 @@ def check(facts: dict) -> None:
 
 def test_mirrored_strategy_two_logical_cpus():
     source = COMMON.format(setup=MIRRORED_SETUP) + V1_PART + MIRRORED_FIT
-    facts = facts_from(run_script(source, {}, 240), 240)
+    facts = facts_from(run_script(source, {}), TIMEOUT)
     check(facts)
     check_v1(facts["v1"])
     assert facts["fit_iterations"] == 4
@@ -207,25 +210,28 @@ def free_ports(n: int) -> list[int]:
     return ports
 
 
-def test_multi_worker_mirrored_strategy_two_local_workers():
-    ports = free_ports(2)
-    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
-    source = COMMON.format(setup=MULTI_WORKER_SETUP) + V1_PART + "\nprint(json.dumps(facts))\n"
+def run_two_workers(source: str) -> list[dict]:
+    """Runs ``source`` as the two workers of a local MultiWorkerMirroredStrategy cluster."""
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in free_ports(2)]}
     workers = [
         run_script(
             source,
             {"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})},
-            240,
         )
         for i in range(2)
     ]
-    deadline = time.monotonic() + 240  # one budget for both: a dead peer must not double it
+    deadline = time.monotonic() + TIMEOUT  # one budget for both: a dead peer must not double it
     try:
-        results = [facts_from(w, max(1.0, deadline - time.monotonic())) for w in workers]
+        return [facts_from(w, max(1.0, deadline - time.monotonic())) for w in workers]
     finally:
         for w in workers:
             if w.poll() is None:
                 w.kill()
+
+
+def test_multi_worker_mirrored_strategy_two_local_workers():
+    source = COMMON.format(setup=MULTI_WORKER_SETUP) + V1_PART + "\nprint(json.dumps(facts))\n"
+    results = run_two_workers(source)
     for facts in results:
         check(facts)
         check_v1(facts["v1"])
@@ -308,30 +314,13 @@ def test_env_custom_loop_under_mirrored_strategy_skips_on_every_replica():
     all-reduces gradients, so its skip cond must run in the cross-replica context (it used to
     fail with a merge_call error), and one replica's inf must make every replica skip."""
     source = ENV_CUSTOM_LOOP.format(setup=MIRRORED_SETUP)
-    check_env_custom_loop(facts_from(run_script(source, {}, 240), 240))
+    check_env_custom_loop(facts_from(run_script(source, {}), TIMEOUT))
 
 
 def test_env_custom_loop_under_multi_worker_strategy_skips_on_every_worker():
-    """Same loop on two worker processes (no merge_call: the cond runs per replica): the
-    worker whose gradients are finite must skip too, and both end with identical weights."""
-    ports = free_ports(2)
-    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
-    source = ENV_CUSTOM_LOOP.format(setup=MULTI_WORKER_SETUP)
-    workers = [
-        run_script(
-            source,
-            {"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})},
-            240,
-        )
-        for i in range(2)
-    ]
-    deadline = time.monotonic() + 240
-    try:
-        results = [facts_from(w, max(1.0, deadline - time.monotonic())) for w in workers]
-    finally:
-        for w in workers:
-            if w.poll() is None:
-                w.kill()
+    """Same loop on two worker processes: the worker whose gradients are finite must skip
+    too, and both end with identical weights."""
+    results = run_two_workers(ENV_CUSTOM_LOOP.format(setup=MULTI_WORKER_SETUP))
     for facts in results:
         check_env_custom_loop(facts)
     assert results[0]["rows"] == results[1]["rows"]  # same weights on both workers
