@@ -251,30 +251,41 @@ def test_pure_idempotent_deterministic(tf1_graph) -> None:  # noqa: ANN001
         ) == first.SerializeToString(deterministic=True)
 
 
-def test_bad_input_gives_clear_errors() -> None:
-    gd = build(mlp)
+def _duplicate_mm(gd: graph_pb2.GraphDef) -> None:
+    gd.node.add().CopyFrom(node(gd, "mm"))
+
+
+def _dangling_input(gd: graph_pb2.GraphDef) -> None:
+    node(gd, "relu").input[0] = "nowhere:0"
+
+
+def _missing_input(gd: graph_pb2.GraphDef) -> None:
+    del node(gd, "mm").input[1]
+
+
+def _bad_port(gd: graph_pb2.GraphDef) -> None:
+    node(gd, "relu").input[0] = "mm:3"
+
+
+@pytest.mark.parametrize(
+    ("break_graph", "error", "message"),
+    [
+        (_duplicate_mm, GraphRewriteError, "Duplicate node name 'mm'"),
+        (_dangling_input, ValueError, "'nowhere:0' that names no node"),
+        (_missing_input, GraphRewriteError, "expects 2"),
+        (_bad_port, GraphRewriteError, "only 1 output"),
+    ],
+)
+def test_malformed_graph_gives_a_clear_error(break_graph, error, message) -> None:  # noqa: ANN001
+    broken = build(mlp)
+    break_graph(broken)
+    with pytest.raises(error, match=message):
+        rewrite_graph_def(broken)
+
+
+def test_non_graph_def_input_is_a_type_error() -> None:
     with pytest.raises(TypeError, match="GraphDef"):
-        rewrite_graph_def(gd.SerializeToString())  # type: ignore[arg-type]
-    dup = graph_pb2.GraphDef()
-    dup.CopyFrom(gd)
-    dup.node.add().CopyFrom(node(gd, "mm"))
-    with pytest.raises(GraphRewriteError, match="Duplicate node name 'mm'"):
-        rewrite_graph_def(dup)
-    dangling = graph_pb2.GraphDef()
-    dangling.CopyFrom(gd)
-    node(dangling, "relu").input[0] = "nowhere:0"
-    with pytest.raises(ValueError, match="'nowhere:0' that names no node"):
-        rewrite_graph_def(dangling)
-    arity = graph_pb2.GraphDef()
-    arity.CopyFrom(gd)
-    del node(arity, "mm").input[1]
-    with pytest.raises(GraphRewriteError, match="expects 2"):
-        rewrite_graph_def(arity)
-    bad_port = graph_pb2.GraphDef()
-    bad_port.CopyFrom(gd)
-    node(bad_port, "relu").input[0] = "mm:3"
-    with pytest.raises(GraphRewriteError, match="only 1 output"):
-        rewrite_graph_def(bad_port)
+        rewrite_graph_def(build(mlp).SerializeToString())  # type: ignore[arg-type]
 
 
 def test_empty_graph_is_nothing_to_do() -> None:
