@@ -21,6 +21,9 @@ from tf_amp.ops import in_xla_context
 GRAPH_REWRITE_ATTR = "_tf_amp_graph_rewrite"
 """Attribute set to True on a wrapper returned by ``enable_mixed_precision_graph_rewrite``."""
 
+FLOOR_WARNING_SKIPS = 2
+"""Default of ``floor_warning_skips``: skips in a row at the floor before the warning prints."""
+
 SUMMARY_SCALE = "tf_amp/loss_scale"
 SUMMARY_SKIPPED = "tf_amp/skipped_steps"
 

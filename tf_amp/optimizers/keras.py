@@ -219,7 +219,7 @@ class KerasLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         inner_optimizer: keras.optimizers.Optimizer,
         loss_scale: Any = "dynamic",
         enabled: bool = True,
-        floor_warning_skips: int = 2,
+        floor_warning_skips: int = _common.FLOOR_WARNING_SKIPS,
         max_consecutive_skips: int | None = None,
         name: str | None = None,
         **kwargs: Any,

@@ -41,7 +41,7 @@ class V1LossScaleOptimizer(_V1Optimizer):
         inner_optimizer: _V1Optimizer,
         loss_scale: Any = "dynamic",
         enabled: bool = True,
-        floor_warning_skips: int = 2,
+        floor_warning_skips: int = _common.FLOOR_WARNING_SKIPS,
         max_consecutive_skips: int | None = None,
         name: str | None = None,
     ) -> None:

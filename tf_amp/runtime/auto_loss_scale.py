@@ -257,7 +257,7 @@ def keras_apply_patch(original: Callable[..., Any]) -> Callable[..., Any]:
             trainable_variables,
             _policy(),
             state_variables(),
-            floor_warning_skips=2,
+            floor_warning_skips=_common.FLOOR_WARNING_SKIPS,
             max_consecutive_skips=None,
         )
         return None
