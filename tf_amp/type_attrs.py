@@ -460,8 +460,7 @@ def build_body_view(
     empty: tuple[Any, ...] = ()
     # The int objects the index holds, shared by every list below that stores a node number
     # (v_node, e_dst): a fresh int per stored number would cost 28 bytes each.
-    node_ids = list(index.values())
-    real_ids = node_ids[:n_real]
+    real_ids = list(index.values())[:n_real]
     # ---- per node: op info, port layout, float32 vertices
     for i in real_ids:
         proto = protos[i]
@@ -637,7 +636,7 @@ def build_body_view(
                 if dv >= 0:
                     sv_list = out_v[src]
                     sv = sv_list[p] if p < len(sv_list) else -1
-                    if sv >= 0:
+                    if sv >= 0:  # view.add_edge(sv, dv), inlined: once per edge
                         targets = fanout[sv]
                         if targets:
                             targets.append(dv)
