@@ -29,6 +29,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from tf_amp._flags import parse_flag
 from tf_amp.lists import LEVEL_ENV, LEVELS, OpLists, split_op_names
 
 OPT_LEVELS: tuple[str, ...] = ("O0", "O1", "O2", "O3")
@@ -188,26 +189,6 @@ def _env_choice(
         shown = [c for c in choices if c]
         raise ValueError(f"{var}={raw!r} is not understood; use one of {shown}")
     return value
-
-
-_TRUE = frozenset({"1", "true", "yes", "on"})
-_FALSE = frozenset({"0", "false", "no", "off"})
-
-
-def parse_flag(environ: Mapping[str, str], name: str) -> bool | None:
-    """``None`` when unset or empty; True/False for the accepted spellings; else ValueError."""
-    raw = environ.get(name)
-    if raw is None or not raw.strip():
-        return None
-    value = raw.strip().lower()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    raise ValueError(
-        f"{name}={raw!r} is not understood; use 1 (on) or 0 (off) "
-        "(also accepted: true/false, yes/no, on/off)"
-    )
 
 
 def _env_bool(env: Mapping[str, str], var: str, default: bool) -> bool:

@@ -47,7 +47,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tf_amp.config import parse_flag
+from tf_amp._flags import parse_flag
 
 _LOG = logging.getLogger("tf_amp")
 

@@ -1,0 +1,29 @@
+"""On/off environment flags, parsed one way everywhere (rewrite config and activation).
+
+Standard library only: the startup hook imports it at interpreter start whenever a
+``TF_ENABLE_AUTO_MIXED_PRECISION*`` variable is set, even to 0, before anything else of tf_amp
+is needed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
+def parse_flag(environ: Mapping[str, str], name: str) -> bool | None:
+    """``None`` when unset or empty; True/False for the accepted spellings; else ValueError."""
+    raw = environ.get(name)
+    if raw is None or not raw.strip():
+        return None
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError(
+        f"{name}={raw!r} is not understood; use 1 (on) or 0 (off) "
+        "(also accepted: true/false, yes/no, on/off)"
+    )
