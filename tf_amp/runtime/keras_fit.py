@@ -252,10 +252,8 @@ def _maybe_wrap_optimizer(model: Any, optimizer: Any) -> Any:
     import keras
 
     resolved = keras.optimizers.get(optimizer)
-    if _is_tf_amp_wrapper(resolved) or isinstance(
-        resolved, keras.optimizers.LossScaleOptimizer
-    ):
-        return resolved
+    if isinstance(resolved, keras.optimizers.LossScaleOptimizer):
+        return resolved  # Keras's wrapper, or tf_amp's (a subclass of it): scaled already
     from tf_amp.optimizers import LossScaleOptimizer
     from tf_amp.runtime.auto_loss_scale import STATE_NAME
 
@@ -340,11 +338,3 @@ def uninstall_compile_hook() -> None:
     if not _ORIGINAL_COMPILE:
         return
     compile_owner().compile = _ORIGINAL_COMPILE.pop()
-
-
-
-def _is_tf_amp_wrapper(optimizer: Any) -> bool:
-    # Imported on use: this module loads while Keras is still importing (env activation).
-    from tf_amp.optimizers import _common
-
-    return _common.is_tf_amp_wrapper(optimizer)
