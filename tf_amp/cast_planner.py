@@ -305,12 +305,10 @@ def _tensor_to_half(tensor: Any, target: int) -> bool:
     if tensor.tensor_content:
         values = np.frombuffer(tensor.tensor_content, dtype="<f4")
         tensor.tensor_content = values.astype(half).view("<u2").tobytes()
-    elif len(tensor.float_val) or not tensor.tensor_content:
+    else:  # float_val (empty for a zero-filled Const: nothing to convert)
         bits = np.asarray(tensor.float_val, dtype=np.float32).astype(half).view(np.uint16)
         del tensor.float_val[:]
         tensor.half_val.extend(int(b) for b in bits)
-    else:  # pragma: no cover - defensive
-        return False
     tensor.dtype = target
     return True
 
