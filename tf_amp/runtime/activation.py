@@ -186,7 +186,6 @@ def activate(settings: Settings | None = None) -> Settings:
             _patch_tensorflow(sys.modules["tensorflow"])
         if "keras" in sys.modules:
             _patch_keras(sys.modules["keras"])
-        _show_log_lines()
     _LOG.info(
         "automatic mixed precision activated (graph rewrite: %s, loss scaling: %s)",
         "on" if settings.graph_rewrite else "off",
@@ -204,7 +203,6 @@ def deactivate() -> None:
         _HOOK = None
         _PATCHES.restore_all()
         _PATCHED_MODULES.clear()
-        _hide_log_lines()
         if "tf_amp.runtime.auto_loss_scale" in sys.modules:
             sys.modules["tf_amp.runtime.auto_loss_scale"].reset()
         _ACTIVE = None
@@ -230,31 +228,6 @@ def activated(settings: Settings | None = None) -> Iterator[Settings]:
         deactivate()
         if previous is not None:
             activate(previous)
-
-
-# --------------------------------------------------------------------------- log visibility
-
-
-def _show_log_lines() -> None:
-    """An unmodified script configures no logging; the "Converted ..." line must still show.
-
-    The handler that prints it is the package's own (``tf_amp/__init__.py``: stderr while the
-    application configured no logging); activation adds none, or every line would print twice.
-    It only makes sure INFO records pass the ``tf_amp`` logger.
-    """
-    logger = logging.getLogger("tf_amp")
-    if logger.level == logging.NOTSET or logger.level > logging.INFO:
-        _LOGGER_LEVEL[:] = [logger.level]
-        logger.setLevel(logging.INFO)
-
-
-def _hide_log_lines() -> None:
-    logger = logging.getLogger("tf_amp")
-    if _LOGGER_LEVEL:
-        logger.setLevel(_LOGGER_LEVEL.pop())
-
-
-_LOGGER_LEVEL: list[int] = []
 
 
 # --------------------------------------------------------------------------- the patches
