@@ -167,18 +167,15 @@ ALL_BUILDERS: dict[str, Callable[[], ModelGraph]] = {
 def inline_functions(model: ModelGraph) -> ModelGraph:
     """The same graph after Grappler's function inlining (what the tf.function runtime adapter
     does): calls inlined, functional While/If lowered to Switch/Merge/Enter/Exit loops."""
-    from tensorflow.core.protobuf import config_pb2, meta_graph_pb2, rewriter_config_pb2
     from tensorflow.python.grappler import tf_optimizer
 
-    meta = meta_graph_pb2.MetaGraphDef()
-    meta.graph_def.CopyFrom(model.graph_def)
-    meta.collection_def["train_op"].node_list.value.extend(model.fetches)
-    cfg = config_pb2.ConfigProto()
-    rewrite = cfg.graph_options.rewrite_options
-    rewrite.optimizers[:] = ["function"]
-    rewrite.min_graph_nodes = -1
-    rewrite.meta_optimizer_iterations = rewriter_config_pb2.RewriterConfig.ONE
-    inlined = tf_optimizer.OptimizeGraph(cfg, meta)
+    from tf_amp.runtime._graphdef import grappler_request
+
+    # Not _graphdef.inline_library: that skips graphs without calls, and the point here is
+    # the lowering of functional While/If, which Grappler does while inlining.
+    inlined = tf_optimizer.OptimizeGraph(
+        *grappler_request(model.graph_def, model.fetches, ["function"])
+    )
     return ModelGraph(model.name + "_inlined", inlined, list(model.fetches), dict(model.feeds))
 
 

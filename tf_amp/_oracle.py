@@ -14,7 +14,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from tensorflow.core.framework import graph_pb2, types_pb2
-from tensorflow.core.protobuf import config_pb2, meta_graph_pb2, rewriter_config_pb2
 
 _FLOAT = types_pb2.DT_FLOAT
 _HALF = types_pb2.DT_HALF
@@ -27,15 +26,10 @@ def run_tf_pass(
     ``fetches`` are preserved, as a session's fetches would be."""
     from tensorflow.python.grappler import tf_optimizer
 
+    from tf_amp.runtime._graphdef import grappler_request
+
     os.environ["TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_EMULATE_FP16"] = "0"
-    meta = meta_graph_pb2.MetaGraphDef()
-    meta.graph_def.CopyFrom(graph_def)
-    meta.collection_def["train_op"].node_list.value.extend(list(fetches))
-    cfg = config_pb2.ConfigProto()
-    rewrite = cfg.graph_options.rewrite_options
-    rewrite.optimizers[:] = ["auto_mixed_precision_cpu"]
-    rewrite.min_graph_nodes = -1
-    rewrite.meta_optimizer_iterations = rewriter_config_pb2.RewriterConfig.ONE
+    cfg, meta = grappler_request(graph_def, fetches, ["auto_mixed_precision_cpu"])
     start = time.process_time()
     out = tf_optimizer.OptimizeGraph(cfg, meta)
     return out, time.process_time() - start

@@ -40,6 +40,25 @@ def has_function_calls(graph_def: graph_pb2.GraphDef) -> bool:
     return any(node.op in _CALL_OPS or node.op in names for node in graph_def.node)
 
 
+def grappler_request(
+    graph_def: graph_pb2.GraphDef, keep: Iterable[str], optimizers: Iterable[str]
+) -> tuple[config_pb2.ConfigProto, meta_graph_pb2.MetaGraphDef]:
+    """The arguments of one ``tf_optimizer.OptimizeGraph`` call running only ``optimizers``,
+    once, on any graph size, with the ``keep`` nodes preserved (as a session's fetches are).
+
+    Returned rather than run, so a caller can time the Grappler call alone (``_oracle``).
+    """
+    meta = meta_graph_pb2.MetaGraphDef()
+    meta.graph_def.CopyFrom(graph_def)
+    meta.collection_def["train_op"].node_list.value.extend(sorted(set(keep)))
+    config = config_pb2.ConfigProto()
+    rewrite = config.graph_options.rewrite_options
+    rewrite.optimizers.extend(optimizers)
+    rewrite.min_graph_nodes = -1
+    rewrite.meta_optimizer_iterations = rewriter_config_pb2.RewriterConfig.ONE
+    return config, meta
+
+
 def inline_library(graph_def: graph_pb2.GraphDef, keep: Iterable[str]) -> graph_pb2.GraphDef:
     """Inlines function calls with Grappler's function optimizer and nothing else.
 
@@ -48,14 +67,7 @@ def inline_library(graph_def: graph_pb2.GraphDef, keep: Iterable[str]) -> graph_
     """
     if not has_function_calls(graph_def):
         return graph_def
-    meta = meta_graph_pb2.MetaGraphDef()
-    meta.graph_def.CopyFrom(graph_def)
-    meta.collection_def["train_op"].node_list.value.extend(sorted(set(keep)))
-    config = config_pb2.ConfigProto()
-    rewrite = config.graph_options.rewrite_options
-    rewrite.optimizers.append("function")
-    rewrite.min_graph_nodes = -1
-    rewrite.meta_optimizer_iterations = rewriter_config_pb2.RewriterConfig.ONE
+    config, meta = grappler_request(graph_def, keep, ["function"])
     return tf_optimizer.OptimizeGraph(config, meta, verbose=False)
 
 
