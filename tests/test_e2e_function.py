@@ -17,6 +17,7 @@ import tensorflow as tf
 import tf_amp
 from tests.e2e_helpers import HEAVY_OPS, half_ops_of_functions
 from tf_amp.config import RewriteConfig
+from tf_amp.runtime.function import Function
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -40,9 +41,8 @@ def _data(n: int = 64) -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
-def test_custom_loop_trains_in_half_on_the_original_variables() -> None:
-    model = _cnn()
-    opt = tf_amp.enable_mixed_precision_graph_rewrite(keras.optimizers.SGD(0.1))
+def _amp_train_step(model: keras.Model, opt: keras.optimizers.Optimizer) -> Function:
+    """The custom-loop step of the README: scaled loss, ``apply`` (unscale, check, update)."""
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
     @tf_amp.function
@@ -52,6 +52,14 @@ def test_custom_loop_trains_in_half_on_the_original_variables() -> None:
             scaled = opt.scale_loss(loss)
         opt.apply(tape.gradient(scaled, model.trainable_variables), model.trainable_variables)
         return loss
+
+    return train_step
+
+
+def test_custom_loop_trains_in_half_on_the_original_variables() -> None:
+    model = _cnn()
+    opt = tf_amp.enable_mixed_precision_graph_rewrite(keras.optimizers.SGD(0.1))
+    train_step = _amp_train_step(model, opt)
 
     x, y = _data()
     before = [v.numpy().copy() for v in model.trainable_variables]
@@ -197,16 +205,7 @@ def test_checkpoints_are_interchangeable_with_float32(tmp_path) -> None:
     x, y = _data()
     amp_model, fp32_model = _cnn(0), _cnn(1)
     opt = tf_amp.enable_mixed_precision_graph_rewrite(keras.optimizers.SGD(0.1))
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-    @tf_amp.function
-    def train_step(xb: tf.Tensor, yb: tf.Tensor) -> tf.Tensor:
-        with tf.GradientTape() as tape:
-            loss = loss_fn(yb, amp_model(xb, training=True))
-            scaled = opt.scale_loss(loss)
-        grads = tape.gradient(scaled, amp_model.trainable_variables)
-        opt.apply(grads, amp_model.trainable_variables)
-        return loss
+    train_step = _amp_train_step(amp_model, opt)
 
     for _ in range(5):
         train_step(x, y)
