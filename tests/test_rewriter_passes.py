@@ -332,6 +332,44 @@ def test_preserved_fetch_and_excluded_scopes_stay_float() -> None:
     assert "excluded" in result.report.decision_for("block/mm").reason
 
 
+def test_float32_views_do_not_exclude_the_gradients_of_their_op_in_a_later_rewrite() -> None:
+    # 1st rewrite, O1, name-preserving,            2nd rewrite of its output, O3:
+    # ReluGrad on the deny list:
+    # x ─ mm ─ relu ─ exp ─ loss                   "mm", "relu": float32 views (Casts), kept
+    #   mm, relu: H under new names                gradients/relu_grad/ReluGrad: H
+    #   gradients/relu_grad/ReluGrad: F
+    # The views are marked so that no later rewrite paints them, but they are not an excluded
+    # forward region: the gradient ops named after them must stay free to turn half.
+    def graph() -> None:
+        x = v1.placeholder(tf.float32, [4, 8], name="x")
+        w = tf.constant(np.linspace(-1, 1, 64, dtype=np.float32).reshape(8, 8), name="w")
+        h = tf.nn.relu(tf.matmul(x, w, name="mm"), name="relu")
+        loss = tf.reduce_sum(tf.exp(h, name="exp"), name="loss")
+        tf.gradients(loss, [x], name="gradients")
+
+    gd = build(graph)
+    grad = "gradients/relu_grad/ReluGrad"
+    deny_relu_grad = OpLists.default("float16").with_edits([("deny", "ADD", "ReluGrad")])
+    first = rewrite_graph_def(
+        gd, RewriteConfig(preserve_names=True, preserve_nodes={"loss"}, lists=deny_relu_grad)
+    )
+    assert {"mm", "relu"} <= set(first.report.renamed)
+    assert dtype_of(first.graph_def, grad) == FLOAT
+    second = rewrite_graph_def(
+        first.graph_def, RewriteConfig(opt_level="O3", preserve_nodes={"loss"})
+    )
+    assert dtype_of(second.graph_def, grad) == HALF
+    for view in ("mm", "relu"):
+        assert dtype_of(second.graph_def, view, "DstT") == FLOAT
+        assert "float32 view" in second.report.decision_for(view, "DstT").reason
+    # (not a linspace: its symmetric values put a relu input at exactly 0, where float16
+    # rounding flips the relu gradient)
+    x = np.random.default_rng(0).normal(size=(4, 8)).astype(np.float32)
+    want = run(gd, "gradients/mm_grad/MatMul", {"x": x})
+    got = run(second.graph_def, "gradients/mm_grad/MatMul", {"x": x})
+    np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2)
+
+
 def test_bfloat16_target() -> None:
     gd = build(mlp)
     result = rewrite_graph_def(gd, RewriteConfig(target_dtype="bfloat16"))

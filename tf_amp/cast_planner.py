@@ -27,6 +27,7 @@ from tf_amp.type_attrs import (
     DT_FLOAT_REF,
     DT_HALF,
     EXCLUDE_ATTR,
+    FLOAT32_VIEW,
     RETVAL_OP,
     UNKNOWN_DTYPE,
     BodyView,
@@ -179,13 +180,13 @@ def plan_and_apply(
         # The float32 view is marked excluded: a later rewrite (e.g. at O2) must not paint it.
         if len(outs) == 1:
             view_node = _cast_node(new_nodes, old, new_name, target, DT_FLOAT, proto.device)
-            view_node.attr[EXCLUDE_ATTR].b = True
+            view_node.attr[EXCLUDE_ATTR].s = FLOAT32_VIEW
             plan.casts_to_float += 1
             continue
         identity = new_nodes.add()
         identity.name = old
         identity.op = "IdentityN"
-        identity.attr[EXCLUDE_ATTR].b = True
+        identity.attr[EXCLUDE_ATTR].s = FLOAT32_VIEW
         if proto.device:
             identity.device = proto.device
         for p, v in enumerate(outs):

@@ -43,10 +43,13 @@ from tf_amp.type_attrs import (
     DT_BFLOAT16,
     DT_HALF,
     DT_VARIANT,
-    EXCLUDE_ATTR,
+    EXCLUDE_NOT_READ,
+    EXCLUDE_USER,
+    EXCLUDE_VIEW,
     RETVAL_OP,
     BodyView,
     device_type,
+    exclude_mark,
 )
 
 logger = logging.getLogger("tf_amp")
@@ -256,12 +259,13 @@ class Painter:
             elif gpu_only and device_type(view.devices[n], default_dev) != "GPU":
                 block = "device"
             else:
-                flag = exclude_attr[n]
-                if flag == 0:
-                    attrs = view.protos[n].attr
-                    flag = 2 if EXCLUDE_ATTR in attrs and attrs[EXCLUDE_ATTR].b else 1
-                if flag == 2:
+                mark = exclude_attr[n]
+                if mark == EXCLUDE_NOT_READ:
+                    mark = exclude_mark(view.protos[n].attr)
+                if mark == EXCLUDE_USER:
                     block = "excluded"
+                elif mark == EXCLUDE_VIEW:
+                    block = "float32-view"
             if block:
                 self.node_block[n] = block
             else:

@@ -77,6 +77,8 @@ _BLOCK_TEXT: dict[str, str] = {
     "state": "constant, feed or variable access: keeps its dtype (master weights)",
     "function": "calls a function; its signature stays float32 (the body is rewritten)",
     "excluded": "excluded by exclude_scopes or the _tf_amp_exclude attr: kept float32",
+    "float32-view": "the float32 view an earlier name-preserving rewrite left under the old "
+    "name of an op it turned half: kept float32",
     "device": "not placed on a GPU (eligible_devices='gpu'): not processed",
 }
 

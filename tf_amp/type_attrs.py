@@ -35,7 +35,26 @@ DT_RESOURCE = types_pb2.DT_RESOURCE
 DT_FLOAT_REF = types_pb2.DT_FLOAT_REF
 UNKNOWN_DTYPE = -1  # port of an op we know nothing about
 
-EXCLUDE_ATTR = "_tf_amp_exclude"  # bool node attr: never convert this node
+EXCLUDE_ATTR = "_tf_amp_exclude"  # node attr: never convert this node
+# The attr's two values: ``b=True`` is the user's (``tf_amp.keep_float32``, exclude scopes in a
+# traced function), and its gradient ops are kept float32 too; ``s=FLOAT32_VIEW`` marks the
+# float32 view the rewriter leaves under an op's old name in name-preserving mode, which no
+# later rewrite may paint but which excludes nothing else. One attr, so telling them apart
+# costs no second lookup per node.
+FLOAT32_VIEW = b"float32-view"
+# ``BodyView.exclude_attr`` values
+EXCLUDE_NOT_READ, EXCLUDE_NONE, EXCLUDE_USER, EXCLUDE_VIEW = 0, 1, 2, 3
+
+
+def exclude_mark(attrs: Any) -> int:
+    """EXCLUDE_NONE / EXCLUDE_USER / EXCLUDE_VIEW for a NodeDef's attr map."""
+    value = attrs.get(EXCLUDE_ATTR)
+    if value is None:
+        return EXCLUDE_NONE
+    if value.b:
+        return EXCLUDE_USER
+    return EXCLUDE_VIEW if value.s == FLOAT32_VIEW else EXCLUDE_NONE
+
 ARG_OP = "_Arg"
 RETVAL_OP = "_Retval"
 
@@ -238,8 +257,8 @@ class BodyView:
     unknown_ops: list[int] = field(default_factory=list)
     index: dict[str, int] = field(default_factory=dict)
     ret_keys: list[str] = field(default_factory=list)  # function: ret key of each _Retval
-    # per node, the _tf_amp_exclude attr as read while the node's attr map was open anyway:
-    # 0 not read (look at the proto), 1 absent or false, 2 true. Saves the painter a second
+    # per node, the _tf_amp_exclude attr as read while the node's attr map was open anyway
+    # (EXCLUDE_NOT_READ: look at the proto; else ``exclude_mark``). Saves the painter a second
     # sweep over the attr maps, which costs more per node the bigger the graph (cache misses).
     exclude_attr: bytearray = field(default_factory=bytearray)
 
@@ -489,8 +508,7 @@ def build_body_view(
             out_v.append(_no_vertices(len(outs)))
             continue
         attrs = proto.attr
-        excluded = attrs.get(EXCLUDE_ATTR)
-        exclude_attr[i] = 2 if excluded is not None and excluded.b else 1
+        exclude_attr[i] = exclude_mark(attrs)
         single = info.single_attr
         if single:
             value = attrs.get(single)
