@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from tensorflow.core.framework import attr_value_pb2, graph_pb2
 from tensorflow.core.protobuf import config_pb2, meta_graph_pb2, rewriter_config_pb2
@@ -145,12 +146,13 @@ def strip_nodes(graph_def: graph_pb2.GraphDef, names: Iterable[str]) -> graph_pb
     return out
 
 
-def default_rewrite(config=None, reports: list | None = None) -> RewriteFn:
+def default_rewrite(config=None, reports: list | None = None, **forced: Any) -> RewriteFn:
     """The real rewriter as a RewriteFn (imported lazily: it is heavy).
 
     ``config`` defaults to ``RewriteConfig.from_env()``, read when a graph is rewritten; the
-    fetched nodes are added to its ``preserve_nodes`` so outputs keep their dtypes. Each
-    rewrite's report is appended to ``reports`` when given.
+    fetched nodes are added to its ``preserve_nodes`` so outputs keep their dtypes, and the
+    ``forced`` fields (``preserve_names=True`` for the Session) override it. Each rewrite's
+    report is appended to ``reports`` when given.
     """
 
     def rewrite(graph_def: graph_pb2.GraphDef, keep: frozenset) -> graph_pb2.GraphDef:
@@ -158,7 +160,9 @@ def default_rewrite(config=None, reports: list | None = None) -> RewriteFn:
         from tf_amp.rewriter import rewrite_graph_def
 
         base = config if config is not None else RewriteConfig.from_env()
-        effective = base.replace(preserve_nodes=frozenset(base.preserve_nodes) | set(keep))
+        effective = base.replace(
+            preserve_nodes=frozenset(base.preserve_nodes) | set(keep), **forced
+        )
         result = rewrite_graph_def(graph_def, effective)
         if reports is not None:
             reports.append(result.report)

@@ -24,7 +24,6 @@ Cast a preserved node would get does). The rewritten graph itself stays the same
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 from collections.abc import Mapping
@@ -60,12 +59,15 @@ class Session(session_lib.Session):
         super().__init__(target, graph, config)  # self._graph: the user's graph (sess.graph)
         self._amp_graph = tf.Graph()
         self._amp_inner = session_lib.Session(target, graph=self._amp_graph, config=config)
-        self._amp_rewrite_config = rewrite_config
         self._amp_imported: set[str] = set()  # user node names already in the private graph
         self._amp_renamed: dict[str, str] = {}  # user node name -> its half twin's name
         self._amp_synced_version = -1
         self._amp_sync_lock = threading.Lock()
         self.rewrite_reports: list[Any] = []  # one report per rewrite, for inspection
+        # Name-based fetching depends on name-preserving mode, so it is forced on.
+        self._amp_rewrite = _graphdef.default_rewrite(
+            rewrite_config, self.rewrite_reports, preserve_names=True
+        )
 
     # -- the private, rewritten graph -------------------------------------------------------
 
@@ -74,14 +76,6 @@ class Session(session_lib.Session):
         """The graph this session actually runs (for inspection and tests)."""
         self._sync()
         return self._amp_graph
-
-    def _amp_config(self, frozen: frozenset[str]) -> Any:
-        from tf_amp.config import RewriteConfig
-
-        base = self._amp_rewrite_config or RewriteConfig.from_env()
-        return dataclasses.replace(
-            base, preserve_names=True, preserve_nodes=frozenset(base.preserve_nodes) | frozen
-        )
 
     def _sync(self) -> None:
         """Rewrites and imports the user's nodes that the private graph lacks."""
@@ -97,17 +91,14 @@ class Session(session_lib.Session):
             self._amp_synced_version = version
 
     def _import_new(self, graph_def: graph_pb2.GraphDef) -> None:
-        from tf_amp.rewriter import rewrite_graph_def
-
         frozen = frozenset(self._amp_imported)
-        result = rewrite_graph_def(graph_def, self._amp_config(frozen))
-        self.rewrite_reports.append(result.report)
-        self._amp_renamed.update(result.report.renamed)
+        rewritten = self._amp_rewrite(graph_def, frozen)
+        self._amp_renamed.update(self.rewrite_reports[-1].renamed)
         existing = {op.name for op in self._amp_graph.get_operations()}
         subset = graph_pb2.GraphDef()
-        subset.versions.CopyFrom(result.graph_def.versions)
-        subset.library.CopyFrom(result.graph_def.library)
-        for node in result.graph_def.node:
+        subset.versions.CopyFrom(rewritten.versions)
+        subset.library.CopyFrom(rewritten.library)
+        for node in rewritten.node:
             if node.name not in existing:
                 subset.node.add().CopyFrom(node)
         subset = _graphdef.rename_library_functions(subset) if frozen else subset
