@@ -244,6 +244,20 @@ def test_calling_convention_matches_tf_function() -> None:
     np.testing.assert_allclose(w.numpy(), 2.0)  # the side effect ran on the real variable
 
 
+def test_arguments_the_body_never_reads_are_accepted() -> None:
+    """A flag, mask or step counter that no op reads: its placeholder has no reader left."""
+
+    def f(x, w, unused, step):  # noqa: ANN001, ANN202 - mirrors an untyped user function
+        return tf.matmul(x, w)
+
+    x = np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4)
+    w = np.eye(4, dtype=np.float32)
+    amp = tf_amp.function(f)
+    got = amp(x, w, tf.zeros([3]), tf.constant(7))
+    np.testing.assert_allclose(got.numpy(), x, rtol=1e-3)
+    assert amp.reports and amp.reports[-1].type_attrs_converted >= 1  # the matmul ran in half
+
+
 def test_gradients_flow_through_a_rewritten_function() -> None:
     w = tf.Variable(tf.ones((4, 4)))
     forward = tf_amp.function(lambda t: tf.matmul(t, w))

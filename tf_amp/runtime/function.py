@@ -182,9 +182,17 @@ def _import(
     mapped = set(input_map)
     fetch_names = [t.name for t in outputs if t.name not in mapped]
     control_names = [op.name for op in control_ops]
+    # The importer rejects input_map keys no node reads: an argument the body never uses
+    # (a flag, a mask, a step counter) has no reader once its placeholder is stripped.
+    read = {
+        text if ":" in text else text + ":0"
+        for node in graph_def.node
+        for text in node.input
+        if not text.startswith("^")
+    }
     elements = importer.import_graph_def(
         graph_def,
-        input_map=input_map,
+        input_map={name: tensor for name, tensor in input_map.items() if name in read},
         return_elements=fetch_names + control_names,
         name="",
     )
