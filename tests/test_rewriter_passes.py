@@ -370,6 +370,44 @@ def test_float32_views_do_not_exclude_the_gradients_of_their_op_in_a_later_rewri
     np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.parametrize("level", ["O2", "O3"])
+def test_ops_whose_dtype_is_their_meaning_stay_float32_at_every_level(level: str) -> None:
+    #      ┌ Bitcast(→int32) ─ >>23 ─┐
+    # x ─ mm ─ Range(0., 4.) * ──────┼─ out     mm: H; Bitcast, Range, PyFunc,
+    #      ├ numpy_function(*2) ─────┤          EagerPyFunc: F (they compute with the dtype
+    #      └ py_function(*3) ────────┘          itself: bits, counting, Python code)
+    def graph() -> None:
+        x = v1.placeholder(tf.float32, [4, 4], name="x")
+        w = tf.constant(np.linspace(0.5, 1.5, 16, dtype=np.float32).reshape(4, 4), name="w")
+        m = tf.matmul(x, w, name="mm")
+        exponent = tf.bitwise.right_shift(tf.bitcast(m, tf.int32, name="bitcast"), 23)
+        bits = tf.cast(exponent, tf.float32)  # the float32 exponent field: about 127
+        counted = tf.range(0.0, 4.0, name="range") * m
+        doubled = tf.numpy_function(lambda t: t * 2, [m], tf.float32, name="np_fn")
+        tripled = tf.py_function(lambda t: t * 3, [m], tf.float32, name="py_fn")
+        tf.identity(bits + counted + doubled + tripled, name="out")
+
+    # Python function bodies are registered for as long as their graph lives: keep it.
+    original = tf.Graph()
+    with original.as_default():
+        graph()
+    gd = original.as_graph_def()
+    result = rewrite_graph_def(gd, RewriteConfig(preserve_nodes={"x", "out"}, opt_level=level))
+    out = result.graph_def
+    assert dtype_of(out, "mm") == HALF
+    assert dtype_of(out, "bitcast") == FLOAT
+    assert dtype_of(out, "range", "Tidx") == FLOAT
+    for name in ("np_fn", "py_fn"):
+        node = next(n for n in out.node if n.name == name)
+        assert list(node.attr["Tin"].list.type) == [FLOAT], name
+        assert list(node.attr["Tout"].list.type) == [FLOAT], name
+    assert "Bitcast computes with its dtype" in result.report.decision_for("bitcast").reason
+    x = np.random.default_rng(0).uniform(0.5, 1.0, size=(4, 4)).astype(np.float32)
+    np.testing.assert_allclose(
+        run(out, "out", {"x": x}), run(gd, "out", {"x": x}), rtol=2e-2, atol=0.1
+    )
+
+
 def test_bfloat16_target() -> None:
     gd = build(mlp)
     result = rewrite_graph_def(gd, RewriteConfig(target_dtype="bfloat16"))

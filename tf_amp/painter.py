@@ -108,6 +108,26 @@ PINNED_OPS: frozenset[str] = frozenset(
     }
 )
 
+# Ops whose float type is part of what they compute, not its precision, so O2/O3 (which paint
+# every half-capable op) must leave them alone too: Bitcast reinterprets the bits; Python
+# functions return what their code returns; DecodeRaw/ParseTensor/SerializeTensor/Fingerprint
+# read or write the bytes of a dtype; Range counts (float16 cannot hold integers above 2048,
+# and its shape function rejects half, so the graph would not even import).
+DTYPE_BOUND_OPS: frozenset[str] = frozenset(
+    {
+        "Bitcast",
+        "PyFunc",
+        "PyFuncStateless",
+        "EagerPyFunc",
+        "DecodeRaw",
+        "DecodePaddedRaw",
+        "ParseTensor",
+        "SerializeTensor",
+        "Fingerprint",
+        "Range",
+    }
+)
+
 # TensorList handles that reach these cannot be followed: the list is shared with code this
 # rewrite of this body cannot see (another function, a feed, a control-flow body).
 _TENSOR_LIST_SINKS: frozenset[str] = frozenset(
@@ -252,6 +272,8 @@ class Painter:
                 block = "preserved"
             elif op in PINNED_OPS or info.touches_state:
                 block = "state"
+            elif op in DTYPE_BOUND_OPS:
+                block = "dtype-bound"
             elif info.is_function or info.has_func_attr:
                 block = "function"
             elif prefixes and (name in scope_set or name.startswith(prefixes)):

@@ -75,6 +75,8 @@ _BLOCK_TEXT: dict[str, str] = {
     "unknown-op": "op {op} is not registered with TensorFlow: kept float32, casts at its edges",
     "preserved": "node is preserved (feed/fetch): its dtype must not change",
     "state": "constant, feed or variable access: keeps its dtype (master weights)",
+    "dtype-bound": "op {op} computes with its dtype itself (bits, bytes, Python code, "
+    "counting), not just at a precision: kept float32 at every level",
     "function": "calls a function; its signature stays float32 (the body is rewritten)",
     "excluded": "excluded by exclude_scopes or the _tf_amp_exclude attr: kept float32",
     "float32-view": "the float32 view an earlier name-preserving rewrite left under the old "
