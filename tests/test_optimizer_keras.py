@@ -292,6 +292,54 @@ def test_unscaled_gradients_of_one_thread_are_not_another_threads():
     np.testing.assert_array_equal(w.numpy(), [0.0])
 
 
+def _tf2_guide_grads(opt, v):
+    """TF2-guide-style gradients of sum(v**2), unscaled: 2v."""
+    with tf.GradientTape() as tape:
+        scaled = opt.get_scaled_loss(tf.reduce_sum(v**2))
+    return opt.get_unscaled_gradients(tape.gradient(scaled, [v]))
+
+
+def test_gradients_unscaled_in_a_loop_body_are_not_unscaled_again_after_the_loop():
+    """In-graph accumulation: get_unscaled_gradients in a tf.range body, apply after it."""
+    v = keras.Variable([1.0, 2.0])
+    opt = tf_amp.LossScaleOptimizer(keras.optimizers.SGD(0.1), 1024.0)
+
+    @tf.function
+    def step():
+        total = tf.zeros_like(v)
+        for _ in tf.range(2):
+            (g,) = _tf2_guide_grads(opt, v)
+            total += g / 2.0
+        opt.apply_gradients([(total, v)])
+
+    expected = np.array([1.0, 2.0])
+    for _ in range(3):
+        step()
+        expected = expected - 0.1 * 2 * expected
+        np.testing.assert_allclose(v.numpy(), expected, rtol=1e-6)
+
+
+def test_gradients_unscaled_eagerly_are_not_unscaled_again_by_a_traced_apply():
+    v = keras.Variable([1.0, 2.0])
+    opt = tf_amp.LossScaleOptimizer(keras.optimizers.SGD(0.1), 1024.0)
+    apply = tf.function(lambda grads: opt.apply_gradients(zip(grads, [v], strict=True)))
+    expected = np.array([1.0, 2.0])
+    for _ in range(3):
+        apply(_tf2_guide_grads(opt, v))
+        expected = expected - 0.1 * 2 * expected
+        np.testing.assert_allclose(v.numpy(), expected, rtol=1e-6)
+
+
+def test_gradients_unscaled_in_another_traced_function_are_a_clear_error():
+    """Later calls of the traced function run no Python: the unscale would be invisible."""
+    v = keras.Variable([1.0, 2.0])
+    opt = tf_amp.LossScaleOptimizer(keras.optimizers.SGD(0.1), 1024.0)
+    grads = tf.function(lambda: _tf2_guide_grads(opt, v))()
+    with pytest.raises(ValueError, match="same tf.function"):
+        opt.apply_gradients(zip(grads, [v], strict=True))
+    np.testing.assert_array_equal(v.numpy(), [1.0, 2.0])
+
+
 def test_apply_refuses_a_mix_of_scaled_and_unscaled_gradients():
     w, v = keras.Variable([1.0]), keras.Variable([1.0])
     opt = tf_amp.LossScaleOptimizer(keras.optimizers.SGD(0.5), 8.0)
@@ -562,6 +610,15 @@ def test_accepts_the_argument_names_of_the_tf2_and_keras_wrappers():
     assert static.loss_scale_policy == StaticLossScale(64.0)
     with pytest.raises(ValueError, match="not both"):
         tf_amp.LossScaleOptimizer(keras.optimizers.SGD(), 128, initial_scale=2.0)
+    # TF2's signature defaults both to None, meaning "the default".
+    default = tf_amp.LossScaleOptimizer(
+        keras.optimizers.SGD(), dynamic=True, initial_scale=None, dynamic_growth_steps=None
+    )
+    assert default.loss_scale_policy == DynamicLossScale(2.0**15, growth_interval=2000)
+    static_default = tf_amp.LossScaleOptimizer(
+        keras.optimizers.SGD(), dynamic=False, initial_scale=None, dynamic_growth_steps=None
+    )
+    assert static_default.loss_scale_policy == StaticLossScale(2.0**15)
 
 
 def test_saved_file_loads_in_a_fresh_process(tmp_path):

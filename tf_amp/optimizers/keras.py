@@ -89,7 +89,10 @@ class _UnscaledMark:
     @staticmethod
     def _ids(refs: list[Any]) -> set[int]:
         # A live referent is a live object, so its id() names it and nothing else.
-        return {id(obj) for ref in refs if ref is not None and (obj := ref()) is not None}
+        # (No walrus here: AutoGraph, which converts this method when apply() is traced,
+        # cannot parse one and prints a warning asking users to report it.)
+        objects = (ref() for ref in refs if ref is not None)
+        return {id(obj) for obj in objects if obj is not None}
 
     def classify(self, grads: Sequence[Any]) -> bool:
         """True when ``grads`` are unscaled: the returned tensors, or tensors the user derived
@@ -137,18 +140,53 @@ class _UnscaledMarks:
         return mark
 
     def find(self) -> tuple[Any, _UnscaledMark] | tuple[None, None]:
-        """The open mark of this thread in the current graph or a graph enclosing it (an
-        ``apply`` inside a ``tf.cond`` branch belongs to the step around it)."""
+        """This thread's open mark for the step being built, and the graph it belongs to.
+
+        The step's mark may be in the current graph or one enclosing it (an ``apply`` inside a
+        ``tf.cond`` branch); eager, when the function being traced was called eagerly
+        (gradients unscaled eagerly, applied in a ``tf.function``); or in a graph nested in the
+        current one (unscaled in a ``tf.range`` loop body, applied after the loop).
+
+        Raises ValueError for a mark left in an unrelated, already traced function (unscaled
+        in one ``tf.function``, applied eagerly or in another): later calls of that function
+        run no Python, so their unscaling could not be seen and ``apply`` would silently
+        divide the gradients by the scale a second time.
+        """
         graph = _current_graph()
-        while True:
-            mark = self._get(graph)
+        step_graphs: list[Any] = []  # the graphs being built for this step, innermost first
+        g = graph
+        while g is not None:
+            step_graphs.append(g)
+            g = getattr(g, "outer_graph", None)
+        if graph is None or tf.compat.v1.executing_eagerly_outside_functions():
+            if step_graphs and not hasattr(step_graphs[-1], "outer_graph"):
+                step_graphs.pop()  # the global graph tf.function traces under: not this step's
+            step_graphs.append(None)  # eager: the caller of the outermost function
+        for g in step_graphs:
+            mark = self._get(g)
             if mark is not None:
-                return graph, mark
-            if graph is None:
-                return None, None
-            graph = getattr(graph, "outer_graph", None)
-            if graph is None:
-                return None, None
+                return g, mark
+        building = {id(g) for g in step_graphs if g is not None}
+        me = threading.current_thread()
+        for mark in list(self._marks.values()):
+            marked = mark.graph() if mark.graph is not None else None
+            if mark.thread() is not me or marked is None:
+                continue
+            outer = getattr(marked, "outer_graph", None)
+            while outer is not None and id(outer) not in building:
+                outer = getattr(outer, "outer_graph", None)
+            if outer is not None:
+                return marked, mark
+            where = "eagerly" if graph is None else f"in {getattr(graph, 'name', 'a graph')!r}"
+            raise ValueError(
+                f"get_unscaled_gradients() was traced in tf.function graph "
+                f"{getattr(marked, 'name', '?')!r} but apply()/get_unscaled_gradients() now runs "
+                f"{where}: later calls of that function run no Python, so their unscaling cannot "
+                "be seen and the gradients would be unscaled twice. Call "
+                "get_unscaled_gradients() and apply_gradients() in the same tf.function (or "
+                "both eagerly), or drop get_unscaled_gradients() and let apply() unscale."
+            )
+        return None, None
 
     def open(self, inputs: Sequence[Any], outputs: Sequence[Any]) -> None:
         # copy(): replica threads may insert meanwhile; iterating a copy cannot fail.
@@ -181,12 +219,17 @@ def _legacy_loss_scale(loss_scale: Any, kwargs: dict[str, Any]) -> Any:
         )
     if legacy.get("dynamic", True):
         return loss_scale_lib.DynamicLossScale(
-            initial_scale=legacy.get("initial_scale", 2.0**15),
-            growth_interval=legacy.get("dynamic_growth_steps", 2000),
+            initial_scale=_or_default(legacy.get("initial_scale"), 2.0**15),
+            growth_interval=_or_default(legacy.get("dynamic_growth_steps"), 2000),
         )
-    if "dynamic_growth_steps" in legacy:
+    if legacy.get("dynamic_growth_steps") is not None:
         raise ValueError("dynamic_growth_steps has no meaning with dynamic=False")
-    return loss_scale_lib.StaticLossScale(legacy.get("initial_scale", 2.0**15))
+    return loss_scale_lib.StaticLossScale(_or_default(legacy.get("initial_scale"), 2.0**15))
+
+
+def _or_default(value: Any, default: Any) -> Any:
+    """TF2's signature defaults these arguments to None, meaning "the default"."""
+    return default if value is None else value
 
 
 @keras.saving.register_keras_serializable(package="tf_amp")
@@ -364,7 +407,10 @@ class KerasLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         then only checks finiteness of the returned tensors, or of tensors derived from them
         (so clipping between the two calls sees true gradients). Given the very tensors passed
         here instead (unscaled only to be logged), ``apply`` unscales them as usual. The step
-        is this thread's, in this graph, and ends at its ``apply`` or at the next
+        is this thread's, in this graph (an ``apply`` in an enclosing graph, after a loop whose
+        body unscaled, or in a ``tf.function`` called after an eager unscale belongs to it;
+        one in another, separately traced function is an error), and ends at its ``apply`` or
+        at the next
         ``scale_loss``/``get_scaled_loss``: an unscale whose ``apply`` never came (an exception,
         a look at the gradients) does not reach the next step. Calling it twice in one step is
         an error, since the second call would unscale already unscaled gradients.
@@ -415,7 +461,11 @@ class KerasLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         graph, mark = self._unscaled_marks.find()
         already = False
         if mark is not None:
-            self._unscaled_marks.close(graph)
+            # A trace does not consume an eager unscale: tf.function may trace apply() twice
+            # (the first trace creates the optimizer's variables), and the next eager
+            # get_scaled_loss() ends that step anyway.
+            if graph is not None or _current_graph() is None:
+                self._unscaled_marks.close(graph)
             already = mark.classify(grads)
         state_vars = [v.value for v in self._state_vars]
         scale = tf.convert_to_tensor(state_vars[0])
