@@ -12,6 +12,7 @@ import tensorflow as tf
 
 import tf_amp
 from tests.e2e_helpers import HEAVY_OPS, half_ops_of_functions
+from tf_amp.enable import is_rewrite_enabled, optimizer_wants_rewrite
 from tf_amp.runtime import keras_fit
 
 
@@ -72,3 +73,36 @@ def test_recompiling_with_a_plain_optimizer_after_disable_returns_to_float32():
     assert "make_train_function" not in vars(model)
     model.fit(x, y, batch_size=16, epochs=1, verbose=0)
     assert not keras_fit.rewritten_functions(model)  # Keras's own float32 step ran
+
+
+def test_a_saved_rewrite_enabled_model_loads_still_wanting_the_rewrite(tmp_path):
+    """Resuming from a .keras file keeps the rewrite and the restored loss scale, without
+    wrapping again (which would refuse a wrapper, or start a fresh scale)."""
+    x = np.random.default_rng(0).random((32, 8, 8, 1), dtype=np.float32)
+    y = np.arange(32, dtype=np.int32) % 3
+    path = str(tmp_path / "model.keras")
+    try:
+        opt = tf_amp.enable_mixed_precision_graph_rewrite(
+            keras.optimizers.SGD(0.1), loss_scale=tf_amp.DynamicLossScale(256.0)
+        )
+        model = _compiled_model(opt)
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+        model.save(path)
+    finally:
+        tf_amp.disable_mixed_precision_graph_rewrite()
+    assert not is_rewrite_enabled()
+    try:
+        loaded = keras.models.load_model(path)
+        assert optimizer_wants_rewrite(loaded.optimizer)
+        assert is_rewrite_enabled()
+        assert float(loaded.optimizer.loss_scale) == 256.0
+        assert keras_fit.is_installed(loaded)
+        loaded.fit(x, y, batch_size=16, epochs=1, verbose=0)
+        train = keras_fit.rewritten_functions(loaded)["train"]
+        assert half_ops_of_functions(train.concrete_functions()) & HEAVY_OPS
+        assert int(loaded.optimizer.iterations) == 4
+    finally:
+        tf_amp.disable_mixed_precision_graph_rewrite()
+    plain = tf_amp.LossScaleOptimizer(keras.optimizers.SGD(0.1))
+    assert plain.get_config()["graph_rewrite"] is False
+    assert not optimizer_wants_rewrite(type(plain).from_config(plain.get_config()))

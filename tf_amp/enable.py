@@ -48,8 +48,14 @@ def enable_mixed_precision_graph_rewrite(
       ValueError: ``opt`` is already loss-scaled (by tf_amp or Keras); pass the original.
       TypeError: ``opt`` is not a supported optimizer; the message says what to pass.
     """
+    return mark_for_rewrite(LossScaleOptimizer(opt, loss_scale=loss_scale, **kwargs))
+
+
+def mark_for_rewrite(wrapped: Any) -> Any:
+    """Marks a tf_amp wrapper as wanting the rewrite and turns the rewrite on (what ``enable_``
+    does after wrapping; also run when a saved, marked Keras wrapper is loaded, so a resumed
+    run keeps both the rewrite and its restored loss scale)."""
     global _ENABLED, _INSTALLED_COMPILE_HOOK
-    wrapped = LossScaleOptimizer(opt, loss_scale=loss_scale, **kwargs)
     setattr(wrapped, _common.GRAPH_REWRITE_ATTR, True)
     with _LOCK:
         _ENABLED = True

@@ -526,6 +526,9 @@ class KerasLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             "enabled": self.enabled,
             "floor_warning_skips": self.floor_warning_skips,
             "max_consecutive_skips": self.max_consecutive_skips,
+            # Saved so that load_model gives back an optimizer that still wants the rewrite
+            # (enable_mixed_precision_graph_rewrite refuses to wrap a wrapper again).
+            "graph_rewrite": bool(getattr(self, _common.GRAPH_REWRITE_ATTR, False)),
         }
 
     @classmethod
@@ -537,7 +540,13 @@ class KerasLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             config.pop("inner_optimizer"), custom_objects=custom_objects
         )
         policy = loss_scale_lib.deserialize(config.pop("loss_scale"))
-        return cls(inner, loss_scale=policy, **config)
+        graph_rewrite = config.pop("graph_rewrite", False)  # absent in files saved before it
+        optimizer = cls(inner, loss_scale=policy, **config)
+        if graph_rewrite:
+            from tf_amp.enable import mark_for_rewrite  # on use: enable imports this module
+
+            mark_for_rewrite(optimizer)
+        return optimizer
 
 
 class LossScaleCallback(keras.callbacks.Callback):
