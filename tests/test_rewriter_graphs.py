@@ -234,6 +234,40 @@ def test_name_preserving_mode_keeps_every_tensor_dtype() -> None:
         np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2)
 
 
+def test_name_preserving_mode_keeps_a_switch_and_its_control_edges_live() -> None:
+    # x ─ mm ─ Switch(p) ─┬ :1 * 1 ─ t ─┐        mm, sw: H under new names; the float32 view
+    #                     └ :0 * 2 ─ f ─┴ Merge   "sw" must itself be a Switch: an IdentityN
+    #          ^sw ─ gate (NoOp) ─ ^ t            of both ports is dead whatever p is (one
+    #                                             port always is), and so is all that reads it.
+    def graph() -> None:
+        x = v1.placeholder(tf.float32, [2, 4], name="x")
+        p = v1.placeholder(tf.bool, [], name="p")
+        w = tf.constant(np.linspace(0.5, 1.5, 16, dtype=np.float32).reshape(4, 4), name="w")
+        m = tf.matmul(x, w, name="mm")
+        sw = tf.raw_ops.Switch(data=m, pred=p, name="sw")
+        with tf.control_dependencies([sw.output_true.op]):  # as lowered While/If bodies have
+            gate = tf.no_op(name="gate")
+        with tf.control_dependencies([gate]):
+            t = tf.identity(sw.output_true * 1.0, name="t")
+        f = tf.identity(sw.output_false * 2.0, name="f")
+        tf.identity(tf.raw_ops.Merge(inputs=[t, f]).output, name="out")
+
+    gd = build(graph)
+    result = rewrite_graph_def(gd, RewriteConfig(preserve_names=True))
+    out = result.graph_def
+    assert "sw" in result.report.renamed
+    assert node(out, result.report.renamed["sw"]).attr["T"].type == HALF
+    assert node(out, "sw").op == "Switch" and node(out, "sw").attr["T"].type == FLOAT
+    x = np.random.default_rng(0).normal(size=(2, 4)).astype(np.float32)
+    for pred, port in ((True, "sw:1"), (False, "sw:0")):
+        feeds = {"x": x, "p": np.array(pred)}
+        got = run(out, ["out:0", port], feeds)
+        want = run(gd, ["out:0", port], feeds)
+        for g, w in zip(got, want, strict=True):
+            assert g.dtype == np.float32
+            np.testing.assert_allclose(g, w, rtol=1e-2, atol=1e-2)
+
+
 # ---------------------------------------------------------------------------- contracts
 def test_pure_idempotent_deterministic(tf1_graph) -> None:  # noqa: ANN001
     for gd in (build(mlp), tf1_graph.graph_def):

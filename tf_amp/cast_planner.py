@@ -112,6 +112,12 @@ def plan_and_apply(
                 continue  # cannot rebuild every port under the old name: keep it in place
             out_dtypes[n] = dtypes
             renamed[n] = names.fresh(f"{view.names[n]}/tf_amp_{_suffix(target).lower()}")
+    # A Switch's untaken output is dead, and so is anything that reads it, an IdentityN of
+    # both ports included: its float32 view must be a Switch too. The original node, kept
+    # as it was, is one: every tensor it reads keeps its name and float32 dtype here.
+    float_switches = {
+        n: _copy_node(view.protos[n]) for n in renamed if view.ops[n] in _DEAD_OUTPUT_OPS
+    }
 
     # 1. attrs
     for v in range(view.num_vertices):
@@ -177,7 +183,12 @@ def plan_and_apply(
         plan.renamed[old] = new_name
         dtypes = out_dtypes[n]
         outs = out_v[n]
-        # The float32 view is marked excluded: a later rewrite (e.g. at O2) must not paint it.
+        # The float32 view is marked: a later rewrite (e.g. at O2) must not paint it.
+        if n in float_switches:
+            original = new_nodes.add()
+            original.CopyFrom(float_switches[n])
+            original.attr[EXCLUDE_ATTR].s = FLOAT32_VIEW
+            continue
         if len(outs) == 1:
             view_node = _cast_node(new_nodes, old, new_name, target, DT_FLOAT, proto.device)
             view_node.attr[EXCLUDE_ATTR].s = FLOAT32_VIEW
@@ -203,6 +214,16 @@ def plan_and_apply(
 
 def _graph_ref(name: str, port: int) -> str:
     return name if port == 0 else f"{name}:{port}"
+
+
+# Ops whose outputs are live or dead one by one (control flow): see float_switches.
+_DEAD_OUTPUT_OPS = frozenset({"Switch", "RefSwitch", "_SwitchN"})
+
+
+def _copy_node(proto: Any) -> Any:
+    copy = type(proto)()
+    copy.CopyFrom(proto)
+    return copy
 
 
 def _set_input(view: BodyView, container: Any, node: int, position: int, ref: str) -> None:
