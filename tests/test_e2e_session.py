@@ -112,6 +112,24 @@ def test_ops_added_after_creation_are_rewritten_and_run() -> None:
     assert late_node.outputs[0].dtype == tf.float32
 
 
+def test_ops_added_later_may_depend_on_ops_that_already_ran() -> None:
+    """tf.group(train_op) or an initializer built after the first run: a control edge from a
+    new op to an op already in the rewritten graph."""
+    net = _net()
+    xs, ys = _data()
+    with tf_amp.Session(graph=net.graph) as sess:
+        sess.run(net.init)
+        sess.run(net.train_op, {net.x: xs, net.y: ys})
+        with net.graph.as_default():
+            step = tf.group(net.train_op, name="step")
+            with tf.control_dependencies([net.train_op]):
+                counted = tf.identity(net.global_step, name="counted")
+        assert sess.run(step, {net.x: xs, net.y: ys}) is None
+        assert int(sess.run(net.global_step)) == 2  # the grouped train_op ran
+        assert int(sess.run(counted, {net.x: xs, net.y: ys})) == 3
+        assert sess.rewritten_graph.get_operation_by_name("step").control_inputs
+
+
 def test_saver_checkpoints_are_interchangeable_with_float32_sessions(tmp_path) -> None:
     net = _net()
     xs, ys = _data()

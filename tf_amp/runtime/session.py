@@ -102,27 +102,44 @@ class Session(session_lib.Session):
             if node.name not in existing:
                 subset.node.add().CopyFrom(node)
         subset = _graphdef.rename_library_functions(subset) if frozen else subset
-        input_map = self._external_inputs(subset, existing)
+        input_map, controls = self._external_inputs(subset, existing)
         with self._amp_graph.as_default():
             importer.import_graph_def(subset, input_map=input_map, name="")
+        get_op = self._amp_graph.get_operation_by_name
+        for node_name, op_name in controls:
+            get_op(node_name)._add_control_input(get_op(op_name))  # noqa: SLF001
         self._amp_imported |= {n.name for n in graph_def.node}
 
-    def _external_inputs(self, subset: graph_pb2.GraphDef, existing: set[str]) -> dict[str, Any]:
-        """Maps inputs of the new nodes that name already imported nodes to those nodes."""
+    def _external_inputs(
+        self, subset: graph_pb2.GraphDef, existing: set[str]
+    ) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+        """Maps data inputs of the new nodes that name already imported nodes to those
+        tensors; returns them and the (new node, imported op) control edges.
+
+        The control edges are taken out of ``subset`` and added after the import: the importer
+        accepts an Operation in ``input_map`` only under a non-empty import name scope, and the
+        new nodes must keep their names.
+        """
         inside = {n.name for n in subset.node}
         input_map: dict[str, Any] = {}
+        controls: list[tuple[str, str]] = []
         for node in subset.node:
+            kept = []
             for name in node.input:
                 control = name.startswith("^")
                 op_name = name[1:] if control else name.split(":")[0]
                 if op_name in inside or op_name not in existing:
-                    continue
-                if control:
-                    input_map[name] = self._amp_graph.get_operation_by_name(op_name)
+                    kept.append(name)
+                elif control:
+                    controls.append((node.name, op_name))
                 else:
+                    kept.append(name)
                     tensor = name if ":" in name else f"{name}:0"
                     input_map[name] = self._amp_graph.get_tensor_by_name(tensor)
-        return input_map
+            if len(kept) != len(node.input):
+                del node.input[:]
+                node.input.extend(kept)
+        return input_map, controls
 
     # -- mapping user-graph objects to the private graph -------------------------------------
 
