@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import timeit
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -707,3 +708,45 @@ def test_env_keras_file_loads_compiled_with_its_loss_scale(tmp_path: Path) -> No
         assert getattr(loaded.optimizer, "_tf_amp_loss_scale_wrapper", False)
         assert float(loaded.optimizer.loss_scale) == 1024.0
         assert int(loaded.optimizer.iterations) == 2
+
+
+def test_env_and_float32_keras_files_are_interchangeable(tmp_path: Path) -> None:
+    """A .keras file saved under the env loads as the script's own optimizer without it, and a
+    float32 file loads under the env with its optimizer state (moments, iterations) kept."""
+    x = np.random.default_rng(0).random((32, 8), dtype=np.float32)
+    y = x.sum(axis=1, keepdims=True)
+
+    def trained() -> keras.Model:
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+        model.compile(keras.optimizers.Adam(0.01), "mse")
+        model.fit(x, y, batch_size=16, epochs=2, verbose=0)
+        return model
+
+    def adam_state(optimizer: keras.optimizers.Optimizer) -> list[np.ndarray]:
+        inner = getattr(optimizer, "inner_optimizer", optimizer)
+        return [v.numpy() for v in inner.variables]
+
+    with activation.activated(Settings(graph_rewrite=False, loss_scaling=True)):
+        amp_model = trained()
+        amp_model.save(tmp_path / "amp.keras")
+    loaded = keras.models.load_model(tmp_path / "amp.keras")  # no activation: plain Keras
+    assert type(loaded.optimizer) is keras.optimizers.Adam
+    assert int(loaded.optimizer.iterations) == 4
+    for got, want in zip(adam_state(loaded.optimizer), adam_state(amp_model.optimizer),
+                         strict=True):
+        np.testing.assert_array_equal(got, want)
+
+    float32_model = trained()
+    float32_model.save(tmp_path / "f32.keras")
+    with activation.activated(Settings(graph_rewrite=False, loss_scaling=True)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no "Skipping variable loading" for the inner one
+            resumed = keras.models.load_model(tmp_path / "f32.keras")
+        assert getattr(resumed.optimizer, "_tf_amp_loss_scale_wrapper", False)
+        assert int(resumed.optimizer.iterations) == 4
+        for got, want in zip(adam_state(resumed.optimizer), adam_state(float32_model.optimizer),
+                             strict=True):
+            np.testing.assert_array_equal(got, want)
+        resumed.fit(x, y, batch_size=16, epochs=1, verbose=0)
+        assert int(resumed.optimizer.iterations) == 6
+

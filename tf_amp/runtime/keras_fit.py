@@ -258,6 +258,7 @@ def _maybe_wrap_optimizer(model: Any, optimizer: Any) -> Any:
     from tf_amp.runtime.auto_loss_scale import STATE_NAME
 
     wrapper = LossScaleOptimizer(resolved, loss_scale="dynamic")
+    wrapper.saves_as_inner = True  # .keras files keep the script's optimizer (see compile)
     # The script holds the optimizer it passed, not the wrapper: tracking the wrapper on it makes
     # tf.train.Checkpoint(optimizer=opt) save and restore the scale too (Checkpoint(model=...)
     # already does, through model.optimizer). TensorFlow tracking only: Keras files unchanged.
@@ -280,8 +281,15 @@ def compile_patch(original: Any) -> Any:
     """
 
     def compile(self: Any, optimizer: Any = "rmsprop", *args: Any, **kwargs: Any) -> Any:
-        optimizer = _maybe_wrap_optimizer(self, optimizer)
-        result = original(self, optimizer, *args, **kwargs)
+        wrapped = _maybe_wrap_optimizer(self, optimizer)
+        result = original(self, wrapped, *args, **kwargs)
+        if getattr(wrapped, "saves_as_inner", False):
+            # The compile config a .keras file stores names the script's optimizer, not the
+            # wrapper: the file loads without tf_amp, and under the activation it is wrapped
+            # again on load.
+            compile_config = getattr(self, "_compile_config", None)
+            if compile_config is not None and "optimizer" in compile_config.config:
+                compile_config.config["optimizer"] = wrapped.inner_optimizer
         if wants_rewrite(getattr(self, "optimizer", optimizer)):
             install(self)
             # This patch may be gone at the next compile (disable_... / deactivation restore
