@@ -104,3 +104,85 @@ def test_bad_input_gives_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFix
     assert "neither a binary nor a text GraphDef" in capsys.readouterr().err
     assert cli.main(["rewrite", str(tmp_path), str(tmp_path / "o")]) == 2
     assert "without saved_model.pb" in capsys.readouterr().err
+
+
+def _saved_model(path: Path) -> None:
+    class Net(tf.Module):
+        def __init__(self) -> None:
+            self.w = tf.Variable(tf.ones((4, 4)))
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 4], tf.float32)])
+        def __call__(self, x: tf.Tensor) -> tf.Tensor:
+            return tf.matmul(x, self.w)
+
+    tf.saved_model.save(Net(), str(path))
+
+
+def test_rewrite_never_deletes_what_is_not_an_earlier_output(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """OUT is replaced only when it is an earlier output (or empty), never when it holds IN."""
+    parent = tmp_path / "work"
+    source = parent / "models" / "fp32"
+    _saved_model(source)
+    (parent / "notes.txt").write_text("important")
+    assert cli.main(["rewrite", str(source), str(parent)]) == 2
+    assert "contains IN" in capsys.readouterr().err
+    assert (source / "saved_model.pb").exists() and (parent / "notes.txt").exists()
+    assert cli.main(["rewrite", str(source), str(parent / "models")]) == 2
+    capsys.readouterr()
+    other = tmp_path / "someone_elses"
+    other.mkdir()
+    (other / "data.csv").write_text("1,2")
+    assert cli.main(["rewrite", str(source), str(other)]) == 2
+    assert "not a SavedModel" in capsys.readouterr().err
+    assert (other / "data.csv").exists()
+    target = tmp_path / "amp"
+    assert cli.main(["rewrite", str(source), str(target)]) == 0
+    assert cli.main(["rewrite", str(source), str(target)]) == 0  # an earlier output: replaced
+    assert tf.saved_model.load(str(target)).signatures["serving_default"] is not None
+
+
+def test_rewritten_saved_model_gets_its_own_fingerprint(tmp_path: Path) -> None:
+    from tensorflow.core.protobuf import fingerprint_pb2
+    from tensorflow.python.saved_model.pywrap_saved_model import fingerprinting
+
+    source, target = tmp_path / "fp32", tmp_path / "amp"
+    _saved_model(source)
+    assert cli.main(["rewrite", str(source), str(target)]) == 0
+    stored, fresh, original = (fingerprint_pb2.FingerprintDef() for _ in range(3))
+    stored.ParseFromString((target / "fingerprint.pb").read_bytes())
+    fresh.ParseFromString(fingerprinting.CreateFingerprintDef(str(target)))
+    original.ParseFromString((source / "fingerprint.pb").read_bytes())
+    assert stored.saved_model_checksum == fresh.saved_model_checksum
+    assert stored.saved_model_checksum != original.saved_model_checksum
+
+
+def test_more_bad_input_gives_a_clear_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "bad.pbtxt").write_text("garbage {{")
+    assert cli.main(["rewrite", str(tmp_path / "bad.pbtxt"), str(tmp_path / "o.pbtxt")]) == 2
+    assert "not a text GraphDef" in capsys.readouterr().err
+    good = tmp_path / "in.pb"
+    cli.write_graph_def(_matmul_graph_def(), str(good))
+    (tmp_path / "a_dir").mkdir()
+    assert cli.main(["rewrite", str(good), str(tmp_path / "a_dir")]) == 2
+    assert "is a directory" in capsys.readouterr().err
+    (tmp_path / "a_file").write_text("x")
+    assert cli.main(["rewrite", str(good), str(tmp_path / "o.pb"), "--log-dir",
+                     str(tmp_path / "a_file")]) == 2
+    assert "error" in capsys.readouterr().err
+
+
+def test_inspect_skips_files_that_only_share_a_log_prefix(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source, logs = tmp_path / "in.pb", tmp_path / "logs"
+    cli.write_graph_def(_matmul_graph_def(), str(source))
+    cli.main(["rewrite", str(source), str(tmp_path / "out.pb"), "--log-dir", str(logs)])
+    cli.write_graph_def(_matmul_graph_def(), str(logs / "graphdef_preop_frozen.pb"))
+    (logs / "decisions_AutoMixedPrecision_copy.jsonl").write_text("")
+    capsys.readouterr()
+    assert cli.main(["inspect", str(logs)]) == 0
+    assert "Converted" in capsys.readouterr().out

@@ -37,7 +37,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     try:
         return int(args.handler(args) or 0)
-    except (ValueError, FileNotFoundError, NotADirectoryError) as error:
+    except (ValueError, OSError) as error:  # bad input, missing / wrong kind of path
         print(f"tf-amp {args.command}: error: {error}", file=sys.stderr)
         return 2
 
@@ -108,10 +108,15 @@ def _config_from_args(args: argparse.Namespace) -> Any:
 def _cmd_rewrite(args: argparse.Namespace) -> int:
     config = _config_from_args(args)
     if os.path.isdir(args.input):
-        report = rewrite_saved_model(args.input, args.output, config)
+        reports = rewrite_saved_model(args.input, args.output, config)
     else:
-        report = rewrite_graph_def_file(args.input, args.output, config)
-    print(report.summary_line() if report.changed else "nothing to do (graph unchanged)")
+        if os.path.isdir(args.output):
+            raise IsADirectoryError(f"OUT {args.output} is a directory; give a GraphDef file")
+        reports = [rewrite_graph_def_file(args.input, args.output, config)]
+    for i, report in enumerate(reports):
+        where = f"MetaGraph {i}: " if len(reports) > 1 else ""
+        line = report.summary_line() if report.changed else "nothing to do (graph unchanged)"
+        print(where + line)
     print(f"wrote {args.output}")
     return 0
 
@@ -124,7 +129,10 @@ def read_graph_def(path: str) -> Any:
     graph_def = graph_pb2.GraphDef()
     data = _read_bytes(path)
     if path.endswith(_TEXT_SUFFIXES):
-        text_format.Parse(data.decode("utf-8"), graph_def)
+        try:
+            text_format.Parse(data.decode("utf-8"), graph_def)
+        except (text_format.ParseError, UnicodeDecodeError) as error:
+            raise ValueError(f"{path} is not a text GraphDef: {error}") from None
         return graph_def
     try:
         graph_def.ParseFromString(data)
@@ -163,7 +171,10 @@ def rewrite_saved_model(source: str, target: str, config: Any) -> Any:
     Variables and assets are copied unchanged: the rewrite never changes a variable's name or
     dtype, so the checkpoint in ``variables/`` still matches. Signature outputs are preserved
     (their dtypes do not change) because the signatures' nodes are added to ``preserve_nodes``.
-    Returns the report of the first MetaGraph.
+    Returns one report per MetaGraph.
+
+    OUT is replaced only when it is an earlier output (a SavedModel) or an empty directory, and
+    never when it contains IN: anything else there is the user's, and is not ours to delete.
     """
     from tensorflow.core.protobuf import saved_model_pb2
 
@@ -172,8 +183,7 @@ def rewrite_saved_model(source: str, target: str, config: Any) -> Any:
     pb_path = os.path.join(source, "saved_model.pb")
     if not os.path.exists(pb_path):
         raise FileNotFoundError(f"{source} is a directory without saved_model.pb")
-    if os.path.abspath(source) == os.path.abspath(target):
-        raise ValueError("OUT must differ from IN (the SavedModel is copied, not edited)")
+    _check_saved_model_target(source, target)
     saved_model = saved_model_pb2.SavedModel()
     saved_model.ParseFromString(_read_bytes(pb_path))
     reports = []
@@ -189,10 +199,43 @@ def rewrite_saved_model(source: str, target: str, config: Any) -> Any:
         reports.append(result.report)
     if os.path.exists(target):
         shutil.rmtree(target)
-    shutil.copytree(source, target, ignore=shutil.ignore_patterns("saved_model.pb"))
+    # fingerprint.pb describes the original saved_model.pb: it is made anew below.
+    ignore = shutil.ignore_patterns("saved_model.pb", _FINGERPRINT)
+    shutil.copytree(source, target, ignore=ignore)
     with open(os.path.join(target, "saved_model.pb"), "wb") as f:
         f.write(saved_model.SerializeToString())
-    return reports[0]
+    if os.path.exists(os.path.join(source, _FINGERPRINT)):
+        _write_fingerprint(target)
+    return reports
+
+
+_FINGERPRINT = "fingerprint.pb"
+
+
+def _check_saved_model_target(source: str, target: str) -> None:
+    """Refuses an OUT whose replacement would destroy IN or files that are not ours."""
+    source_path, target_path = os.path.realpath(source), os.path.realpath(target)
+    if source_path == target_path:
+        raise ValueError("OUT must differ from IN (the SavedModel is copied, not edited)")
+    if os.path.commonpath([source_path, target_path]) == target_path:
+        raise ValueError(f"OUT {target} contains IN {source}; it would be deleted")
+    if os.path.isdir(target) and os.listdir(target):
+        if not os.path.exists(os.path.join(target, "saved_model.pb")):
+            raise FileExistsError(
+                f"OUT {target} is a non-empty directory that is not a SavedModel; remove it "
+                "or choose another path (only an earlier output is replaced)"
+            )
+    elif os.path.exists(target) and not os.path.isdir(target):
+        raise FileExistsError(f"OUT {target} is a file; a SavedModel is a directory")
+
+
+def _write_fingerprint(export_dir: str) -> None:
+    """Writes the fingerprint of the rewritten SavedModel, as tf.saved_model.save does."""
+    from tensorflow.python.saved_model.pywrap_saved_model import fingerprinting
+
+    serialized = fingerprinting.CreateFingerprintDef(export_dir)
+    with open(os.path.join(export_dir, _FINGERPRINT), "wb") as f:
+        f.write(serialized)
 
 
 # --------------------------------------------------------------------------- inspect
@@ -222,14 +265,18 @@ def find_logged_graphs(logdir: str) -> dict[str, dict[str, str]]:
         for prefix, (kind, suffix) in prefixes.items():
             if name.startswith(prefix) and name.endswith(suffix):
                 found[name[len(prefix) : -len(suffix)]][kind] = os.path.join(logdir, name)
-    ordered = sorted(found, key=lambda stamp: int(stamp.rsplit("_", 1)[-1]))
-    return {stamp: found[stamp] for stamp in ordered if "decisions" in found[stamp]}
+    # Our stamps end in a counter; files that only share a prefix (a copied graph) are not ours.
+    ours = [s for s in found if "decisions" in found[s] and s.rsplit("_", 1)[-1].isdigit()]
+    ordered = sorted(ours, key=lambda stamp: int(stamp.rsplit("_", 1)[-1]))
+    return {stamp: found[stamp] for stamp in ordered}
 
 
 def format_graph_summary(stamp: str, files: dict[str, str], max_islands: int = 5) -> str:
     """The text ``tf-amp inspect`` prints for one logged rewrite."""
     with open(files["decisions"], encoding="utf-8") as f:
         lines = [json.loads(line) for line in f if line.strip()]
+    if not lines:
+        return f"== graph {stamp}\n  (empty decisions file {files['decisions']})"
     head, decisions = lines[0], lines[1:]
     out = [f"== graph {stamp}", f"  {head.get('summary', '')}"]
     if "after" in files:
