@@ -82,6 +82,8 @@ def _patched_attributes() -> list[tuple[Any, str]]:
         (v1_opt, "minimize"),
         (v1_opt, "compute_gradients"),
         (v1_opt, "apply_gradients"),
+        (tf.compat.v1.train.Saver, "__init__"),
+        (tf.compat.v1.train.Saver, "restore"),
         (keras.Model, "compile"),
         (keras.optimizers.Optimizer, "apply"),
     ]
@@ -750,3 +752,52 @@ def test_env_and_float32_keras_files_are_interchangeable(tmp_path: Path) -> None
         resumed.fit(x, y, batch_size=16, epochs=1, verbose=0)
         assert int(resumed.optimizer.iterations) == 6
 
+
+
+TF1_FLOAT32_CHECKPOINT_SCRIPT = """
+    import sys
+    import numpy as np, tensorflow as tf
+    tf.compat.v1.disable_eager_execution()
+    tf1 = tf.compat.v1
+    rng = np.random.default_rng(0)
+    xs = rng.normal(size=(64, 8)).astype("float32"); ys = (xs[:, :1] > 0).astype("float32")
+    x = tf1.placeholder(tf.float32, [None, 8]); y = tf1.placeholder(tf.float32, [None, 1])
+    w = tf1.get_variable("w", [8, 1], initializer=tf1.zeros_initializer())
+    logits = tf.matmul(x, w)
+    loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=y, logits=logits))
+    train_op = tf1.train.GradientDescentOptimizer(0.5).minimize(loss)
+    saver = tf1.train.Saver()
+    with tf1.Session() as sess:
+        if sys.argv[2] == "save":
+            sess.run(tf1.global_variables_initializer())
+            for _ in range(5):
+                sess.run(train_op, {x: xs, y: ys})
+            saver.save(sess, sys.argv[1])
+        else:
+            saver.restore(sess, sys.argv[1])
+            print("w:", sess.run(w).ravel().tolist())
+            sess.run(train_op, {x: xs, y: ys})
+            saver.save(sess, sys.argv[1] + "_amp")
+            saver.restore(sess, sys.argv[1] + "_amp")  # an AMP checkpoint restores its state
+        print("trained w:", sess.run(w).ravel().tolist())
+"""
+
+
+def test_env_tf1_saver_restores_a_float32_checkpoint(tmp_path: Path) -> None:
+    """Fine-tuning / resuming float32 training with the env on: Saver.restore of a checkpoint
+    without the loss-scale variables restores the rest instead of failing on a missing key."""
+    script = _write(tmp_path, "tf1.py", TF1_FLOAT32_CHECKPOINT_SCRIPT)
+    ckpt = str(tmp_path / "ckpt" / "model")
+    saved = _run_args(script, [ckpt, "save"], tmp_path, {})
+    resumed = _run_args(script, [ckpt, "restore"], tmp_path, {ENV_ENABLE: "1"})
+    assert "has no loss-scale state" in resumed
+
+    def printed(out: str, label: str) -> np.ndarray:
+        line = next(line for line in out.splitlines() if line.startswith(label))
+        return np.array([float(v) for v in line[len(label):].strip(" []").split(",")])
+
+    w_saved = printed(saved, "trained w:")
+    np.testing.assert_array_equal(printed(resumed, "w:"), w_saved)  # restored exactly
+    assert not np.array_equal(printed(resumed, "trained w:"), w_saved)  # and trains on
+    amp_names = {name for name, _ in tf.train.list_variables(ckpt + "_amp")}
+    assert any(name.endswith("loss_scale_scale") for name in amp_names)

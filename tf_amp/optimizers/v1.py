@@ -59,6 +59,8 @@ class V1LossScaleOptimizer(_V1Optimizer):
         self.floor_warning_skips = int(floor_warning_skips)
         self.max_consecutive_skips = max_consecutive_skips
         self._state_vars: list[tf.Variable] | None = None
+        # True for the wrapper the environment activation puts around a script's optimizer.
+        self.implicit = False
         self._state_graph: Any = None
         self._last_unscaled: tuple[list[Any], tf.Tensor] | None = None
         if tf.executing_eagerly():
@@ -96,6 +98,8 @@ class V1LossScaleOptimizer(_V1Optimizer):
                     )
             for field, variable in zip(LossScaleState._fields, variables, strict=True):
                 self._track_trackable(variable, f"loss_scale_{field}", overwrite=True)
+                if self.implicit:
+                    variable._tf_amp_implicit_state = True  # see auto_loss_scale.saver patches
             self._state_vars, self._state_graph = variables, graph
         return variables
 

@@ -273,6 +273,9 @@ def _patch_tensorflow(tf: Any) -> None:
                 "gradient",
                 auto_loss_scale.gradient_patch(tf.GradientTape.gradient, _is_user_caller),
             )
+            saver = tf.compat.v1.train.Saver
+            _PATCHES.set(saver, "__init__", auto_loss_scale.saver_init_patch(saver.__init__))
+            _PATCHES.set(saver, "restore", auto_loss_scale.saver_restore_patch(saver.restore))
 
 
 def _patch_keras(keras: Any) -> None:

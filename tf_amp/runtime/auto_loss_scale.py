@@ -51,6 +51,7 @@ Checkpointing limits (no clean way exists in these cases):
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import weakref
 from collections.abc import Callable, Iterator
@@ -58,6 +59,7 @@ from typing import Any
 
 import tensorflow as tf
 
+_LOG = logging.getLogger("tf_amp")
 _LOCK = threading.Lock()
 _STATE: dict[str, Any] = {
     "vars": None,
@@ -277,6 +279,7 @@ def _v1_wrapper(optimizer: Any) -> Any:
         from tf_amp.optimizers import LossScaleOptimizer
 
         wrapper = LossScaleOptimizer(optimizer, loss_scale="dynamic")
+        wrapper.implicit = True
         optimizer.__dict__["_tf_amp_auto_wrapper"] = wrapper
         # tf.train.Checkpoint(optimizer=opt) saves the scale too (the wrapper tracks its state
         # variables; Saver already saves them as global variables). Restoring before the first
@@ -352,6 +355,69 @@ def v1_apply_gradients_patch(
 
     apply_gradients.__wrapped__ = original  # type: ignore[attr-defined]
     return apply_gradients
+
+
+def _is_implicit_state(value: Any) -> bool:
+    return bool(getattr(value, "_tf_amp_implicit_state", False))
+
+
+def saver_init_patch(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``tf.compat.v1.train.Saver.__init__`` that also builds, when the saver covers the loss-
+    scale state of an implicit v1 wrapper, a second saver without it (see the restore patch).
+
+    Built now, at graph construction: by restore time a MonitoredTrainingSession has
+    finalized the graph."""
+
+    def __init__(self: Any, var_list: Any = None, *args: Any, **kwargs: Any) -> None:
+        original(self, var_list, *args, **kwargs)
+        if kwargs.get("defer_build") or tf.executing_eagerly():
+            return
+        from tensorflow.python.ops import variables as variables_lib
+
+        covered = var_list if var_list is not None else variables_lib._all_saveable_objects()  # noqa: SLF001
+        if isinstance(covered, dict):
+            ours = [v for v in covered.values() if _is_implicit_state(v)]
+            rest: Any = {k: v for k, v in covered.items() if not _is_implicit_state(v)}
+        else:
+            ours = [v for v in covered if _is_implicit_state(v)]
+            rest = [v for v in covered if not _is_implicit_state(v)]
+        if ours and rest:
+            # A saver over `rest` covers no implicit state, so this patch does not recurse.
+            fallback = type(self)(rest, sharded=kwargs.get("sharded", False))
+            self.__dict__["_tf_amp_without_state"] = (fallback, ours)
+
+    __init__.__wrapped__ = original  # type: ignore[attr-defined]
+    return __init__
+
+
+def saver_restore_patch(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``Saver.restore`` that restores a checkpoint written without tf_amp (float32 training)
+    into a graph whose optimizer the activation wrapped: the loss-scale state is not in such a
+    checkpoint, and a plain Saver fails on the first missing key. The rest is restored and the
+    state starts afresh (initial scale), as in a new run; a checkpoint that has it restores it."""
+
+    def restore(self: Any, sess: Any, save_path: Any) -> Any:
+        without = self.__dict__.get("_tf_amp_without_state")
+        if without is None or save_path is None:
+            return original(self, sess, save_path)
+        fallback, ours = without
+        try:
+            saved = {name for name, _ in tf.train.list_variables(save_path)}
+        except (tf.errors.OpError, ValueError):
+            return original(self, sess, save_path)  # let the Saver report what is wrong
+        if all(v.op.name in saved for v in ours):
+            return original(self, sess, save_path)
+        _LOG.info(
+            "%s has no loss-scale state (written without tf_amp); restoring the rest, "
+            "the loss scale starts at its initial value",
+            save_path,
+        )
+        fallback.restore(sess, save_path)
+        sess.run([v.initializer for v in ours])
+        return None
+
+    restore.__wrapped__ = original  # type: ignore[attr-defined]
+    return restore
 
 
 def v1_wrapper_of(optimizer: Any) -> Any:
