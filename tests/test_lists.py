@@ -82,8 +82,15 @@ def test_blanks_are_ignored() -> None:
 
 def test_op_on_two_lists_is_an_error_naming_both() -> None:
     env = {ENV_PREFIX + "ALLOWLIST_ADD": "Atan", ENV_PREFIX + "DENYLIST_ADD": "Atan"}
-    with pytest.raises(ValueError, match=r"'Atan'.*allow.*deny"):
+    with pytest.raises(ValueError, match=r"'Atan'.*allow.*deny") as error:
         OpLists.from_env(env)
+    # ... and the two variables, since legacy and short aliases hide where an entry came from
+    assert ENV_PREFIX + "ALLOWLIST_ADD" in str(error.value)
+    assert ENV_PREFIX + "DENYLIST_ADD" in str(error.value)
+    legacy = {"TF_AMP_ALLOWLIST_ADD": "Softmax", ENV_PREFIX + "BLACKLIST_ADD": "Softmax"}
+    with pytest.raises(ValueError, match="TF_AMP_ALLOWLIST_ADD") as error:
+        OpLists.from_env(legacy)
+    assert ENV_PREFIX + "BLACKLIST_ADD" in str(error.value)
     with pytest.raises(ValueError, match=r"'MatMul' is on both the allow list and the deny"):
         OpLists(allow=frozenset({"MatMul"}), infer=frozenset(), clear=frozenset(),
                 deny=frozenset({"MatMul"}))

@@ -383,23 +383,26 @@ class OpLists:
             return OpLists(self.allow, frozenset(), self.clear, self.deny | self.infer)
         return self
 
-    def with_edits(self, edits: Iterable[tuple[str, str, str]]) -> OpLists:
-        """Apply ``(list_name, "ADD"|"REMOVE", op)`` edits in order.
+    def with_edits(self, edits: Iterable[tuple[str, ...]]) -> OpLists:
+        """Apply ``(list_name, "ADD"|"REMOVE", op[, source])`` edits in order.
 
         Adding an op moves it off the default list it was on (so ``ALLOWLIST_ADD=Mul`` just
         works, where TensorFlow would crash on "op in multiple lists"); adding the same op to
-        two lists in the same edit set is the user's contradiction and an error.
+        two lists in the same edit set is the user's contradiction and an error, which names
+        the two ``source``s (the environment variables) when given.
         """
         sets = {name: set(getattr(self, name)) for name in LIST_NAMES}
-        added: dict[str, str] = {}
-        for list_name, verb, op in edits:
+        added: dict[str, tuple[str, str]] = {}  # op -> (list, source) of its ADD
+        for list_name, verb, op, *source in edits:
+            where = f" ({source[0]})" if source else ""
             if verb == "ADD":
-                if op in added and added[op] != list_name:
+                if op in added and added[op][0] != list_name:
+                    first_list, first_where = added[op]
                     raise ValueError(
-                        f"Op {op!r} is added to both the {added[op]} list and the {list_name} "
-                        f"list by environment variables; choose one."
+                        f"Op {op!r} is added to both the {first_list} list{first_where} and the "
+                        f"{list_name} list{where}; choose one."
                     )
-                added[op] = list_name
+                added[op] = (list_name, where)
                 for other in LIST_NAMES:
                     sets[other].discard(op)
                 sets[list_name].add(op)
@@ -423,13 +426,13 @@ class OpLists:
         """
         env = os.environ if environ is None else environ
         lists = base if base is not None else cls.default(target_dtype)
-        edits: list[tuple[str, str, str]] = []
+        edits: list[tuple[str, str, str, str]] = []
         for stem, list_name in _ENV_STEMS:
             for verb in ("ADD", "REMOVE"):
                 var = f"{stem}_{verb}"
                 for op in split_op_names(env.get(var, "")):
                     _warn_if_unknown(op, var)
-                    edits.append((list_name, verb, op))
+                    edits.append((list_name, verb, op, var))
         lists = lists.with_edits(edits)
         level = env.get(LEVEL_ENV, "").strip()
         if level.upper() not in LEVELS:
