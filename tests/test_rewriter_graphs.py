@@ -268,6 +268,26 @@ def test_name_preserving_mode_keeps_a_switch_and_its_control_edges_live() -> Non
             np.testing.assert_allclose(g, w, rtol=1e-2, atol=1e-2)
 
 
+@pytest.mark.parametrize("fold", [True, False], ids=["folded_consts", "cast_consts"])
+def test_every_decision_states_the_dtype_the_output_graph_has(fold: bool) -> None:
+    # Folded Consts included: they were reported float32 while the graph held them in half.
+    gd = build(mlp)
+    result = rewrite_graph_def(gd, RewriteConfig(fold_constant_casts=fold))
+    out = {n.name: n for n in result.graph_def.node}
+    words = {"float32": FLOAT, "float16": HALF}
+    checked = 0
+    for decision in result.report.decisions:
+        if decision.body or "[" in decision.attr:
+            continue
+        assert out[decision.node].attr[decision.attr].type == words[decision.dtype], decision
+        checked += 1
+    assert checked >= 5
+    w = result.report.decision_for("w", "dtype")
+    assert (w.dtype == "float16") == fold
+    if fold:
+        assert "folded" in w.reason
+
+
 # ---------------------------------------------------------------------------- contracts
 def test_pure_idempotent_deterministic(tf1_graph) -> None:  # noqa: ANN001
     for gd in (build(mlp), tf1_graph.graph_def):

@@ -58,6 +58,7 @@ class CastPlan:
     casts_to_half_total: int = 0
     casts_to_float: int = 0
     consts_folded: int = 0
+    folded_nodes: frozenset[int] = frozenset()  # Consts now half in place (for the report)
     renamed: dict[str, str] = field(default_factory=dict)  # old name -> half op's new name
 
 
@@ -140,6 +141,7 @@ def plan_and_apply(
     if fold_constant_casts and not preserve_names:
         folded = _fold_consts_in_place(view, painting, target)
         plan.consts_folded += len(folded)
+        plan.folded_nodes = frozenset(folded)
 
     # 2. casts at colour boundaries
     casts: dict[tuple[int, int], str] = {}

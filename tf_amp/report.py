@@ -139,6 +139,7 @@ class BodyRecord:
     name: str
     view: BodyView
     painting: Painting
+    folded: frozenset[int] = frozenset()  # Const nodes the planner turned half in place
 
 
 @dataclass
@@ -231,6 +232,12 @@ class RewriteReport:
         paint = "allow" if colour == ALLOW_C else "deny" if colour == DENY_C else "none"
         dtype = t if colour == ALLOW_C else "float32"
         reason = self._words(view, painting, v, code, cause, op, op_list)
+        if n in body.folded:
+            dtype = t
+            reason = (
+                f"constant read only by {t} ops: folded into a {t} constant in place "
+                "(fold_constant_casts), so no Cast is needed"
+            )
         return VertexDecision(
             body=body.name,
             node=view.names[n],

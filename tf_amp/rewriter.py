@@ -122,7 +122,8 @@ def _rewrite(graph_def: graph_pb2.GraphDef, config: RewriteConfig) -> RewriteRes
             report.unknown_ops.append((name, view.names[n], view.ops[n]))
         for key, count in painting.pass_counts.items():
             report.pass_counts[key] = report.pass_counts.get(key, 0) + count
-        report.bodies.append(BodyRecord(name, view, painting))
+        record = BodyRecord(name, view, painting)
+        report.bodies.append(record)
         if painting.nothing_to_do:
             continue
         report.nothing_to_do = False
@@ -140,6 +141,7 @@ def _rewrite(graph_def: graph_pb2.GraphDef, config: RewriteConfig) -> RewriteRes
         report.casts_to_half_total += plan.casts_to_half_total
         report.casts_to_float += plan.casts_to_float
         report.consts_folded += plan.consts_folded
+        record.folded = plan.folded_nodes
         report.renamed.update(plan.renamed)
         if name and plan.type_attrs_converted:
             report.functions_rewritten += 1
