@@ -186,3 +186,21 @@ def test_inspect_skips_files_that_only_share_a_log_prefix(
     capsys.readouterr()
     assert cli.main(["inspect", str(logs)]) == 0
     assert "Converted" in capsys.readouterr().out
+
+
+def test_graph_def_outputs_keep_float32_without_preserve(tmp_path: Path) -> None:
+    """A frozen graph names no fetches: its outputs (nodes nothing reads) keep their dtype."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [4, 8], name="x")
+        w = tf.constant(np.ones((8, 8), np.float32), name="w")
+        tf.identity(tf.nn.relu(tf.matmul(x, w, name="mm")), name="logits")
+    source, target = tmp_path / "frozen.pb", tmp_path / "amp.pb"
+    cli.write_graph_def(graph.as_graph_def(), str(source))
+    assert cli.main(["rewrite", str(source), str(target)]) == 0
+    rewritten = cli.read_graph_def(str(target))
+    assert "MatMul" in half_ops(rewritten)
+    with tf.Graph().as_default():
+        tf.graph_util.import_graph_def(rewritten, name="")
+        logits = tf.compat.v1.get_default_graph().get_tensor_by_name("logits:0")
+        assert logits.dtype == tf.float32

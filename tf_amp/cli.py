@@ -54,7 +54,12 @@ def _parser() -> argparse.ArgumentParser:
     rewrite.add_argument("--target-dtype", choices=("float16", "bfloat16"))
     rewrite.add_argument("--opt-level", choices=("O0", "O1", "O2", "O3"))
     rewrite.add_argument("--devices", choices=("all", "gpu"), help="eligible devices")
-    rewrite.add_argument("--preserve", default="", help="comma-separated node names to keep")
+    rewrite.add_argument(
+        "--preserve",
+        default="",
+        help="comma-separated node names to keep (GraphDef default: the graph's outputs, "
+        "nodes nothing reads)",
+    )
     rewrite.add_argument(
         "--preserve-names", action="store_true", help="keep every original name's dtype"
     )
@@ -157,12 +162,26 @@ def write_graph_def(graph_def: Any, path: str) -> None:
 
 
 def rewrite_graph_def_file(source: str, target: str, config: Any) -> Any:
-    """Rewrites one GraphDef file; returns the report."""
+    """Rewrites one GraphDef file; returns the report.
+
+    A GraphDef names no fetches, so without ``--preserve`` its outputs (the nodes nothing
+    reads: a frozen model's logits, say) are preserved: whoever runs the file fetches them by
+    name and expects the dtype they had.
+    """
     from tf_amp.rewriter import rewrite_graph_def
 
-    result = rewrite_graph_def(read_graph_def(source), config)
+    graph_def = read_graph_def(source)
+    if not config.preserve_nodes:
+        config = config.replace(preserve_nodes=_outputs(graph_def))
+    result = rewrite_graph_def(graph_def, config)
     write_graph_def(result.graph_def, target)
     return result.report
+
+
+def _outputs(graph_def: Any) -> frozenset[str]:
+    """Main-graph nodes that no node reads (through a data or a control input)."""
+    read = {text.lstrip("^").split(":")[0] for node in graph_def.node for text in node.input}
+    return frozenset(node.name for node in graph_def.node if node.name not in read)
 
 
 def rewrite_saved_model(source: str, target: str, config: Any) -> Any:
