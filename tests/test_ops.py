@@ -170,18 +170,34 @@ def test_in_a_tf1_graph_with_static_shapes():
     assert out.tolist() == [[1.0, 2.0, 3.0]] and flag
 
 
-def test_not_differentiable():
-    x = tf.Variable([1.0, 2.0])
+@pytest.mark.parametrize("use_native", PATHS)
+def test_not_differentiable(use_native):
+    x, scale = tf.Variable([1.0, 2.0]), tf.Variable(2.0)
     with tf.GradientTape() as tape:
-        (out,), _ = ops.unscale_and_check_finite([x * 3.0], 2.0, use_native=True)
+        (out,), _ = ops.unscale_and_check_finite([x * 3.0], scale, use_native=use_native)
         loss = tf.reduce_sum(out)
-    assert tape.gradient(loss, x) is None
+    assert tape.gradient(loss, [x, scale]) == [None, None]
 
 
-def test_non_scalar_scale_is_rejected():
-    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="scalar|rank"):
-        ops.unscale_and_check_finite([tf.constant([1.0])], tf.constant([1.0, 2.0]),
-                                     use_native=True)
+@pytest.mark.parametrize("use_native", PATHS)
+@pytest.mark.parametrize("scale", [[1.0, 2.0], [2.0]], ids=["two", "one_element"])
+def test_non_scalar_scale_is_rejected(use_native, scale):
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="scalar|rank|shape"):
+        ops.unscale_and_check_finite([tf.constant(1.0)], tf.constant(scale),
+                                     use_native=use_native)
+
+
+def test_every_bfloat16_nan_stays_a_quiet_nan_of_its_sign():
+    """(tf.cast's vectorised loop drops a nan's sign, its scalar tail keeps it: the fallback
+    agrees with this only in being a nan.)"""
+    bits = np.arange(0x7f81, 0x8000, dtype=np.uint16)
+    nans = np.concatenate([bits, bits | 0x8000])
+    (out,), finite = ops.unscale_and_check_finite(
+        [tf.constant(nans.view(ml_dtypes.bfloat16))], 3.0, use_native=True
+    )
+    out_bits = out.numpy().view(np.uint16)
+    np.testing.assert_array_equal(out_bits, (nans & 0x8000) | 0x7fc0)
+    assert not bool(finite)
 
 
 def test_unsupported_dtype_names_the_gradient():
@@ -252,6 +268,33 @@ def test_fallback_warning_says_why_and_appears_once():
     assert result.stdout.split() == ["2.0", "True"]
     warnings = [line for line in result.stderr.splitlines() if "native" in line]
     assert len(warnings) == 1 and "TF_AMP_FORCE_FALLBACK_OP is set" in warnings[0]
+
+
+@pytest.mark.parametrize(("value", "native"), [("0", True), ("false", True), ("off", True),
+                                               ("1", False), ("yes", False)])
+def test_force_fallback_variable_takes_the_usual_flag_spellings(value, native):
+    _run_python(
+        f"""
+        from tf_amp import ops
+        assert ops.native_op_available() is {native}
+        """,
+        TF_AMP_FORCE_FALLBACK_OP=value,
+    )
+
+
+def test_force_fallback_variable_with_a_bad_value_names_it():
+    _run_python(
+        """
+        from tf_amp import ops
+        try:
+            ops.native_op_available()
+        except ValueError as error:
+            assert "TF_AMP_FORCE_FALLBACK_OP='maybe'" in str(error), error
+        else:
+            raise SystemExit("no error")
+        """,
+        TF_AMP_FORCE_FALLBACK_OP="maybe",
+    )
 
 
 def test_native_requested_but_unavailable_raises():

@@ -16,6 +16,12 @@ Arithmetic contract (identical on every path, so results are bit-comparable):
   * ``all_finite`` is true iff every *unscaled* element is finite; a non-finite input always gives a
     non-finite output, so this is the usual "all gradients finite" test (and also catches a scale
     below 1 that overflows a gradient while unscaling).
+  * The one exception to bit equality: a bfloat16 nan keeps its sign in the native op, while
+    ``tf.cast``'s vectorised loop drops it; both are nans.
+  * Both paths take a scalar scale only, and neither lets a gradient through the unscaling.
+  * A ``tf.function`` traced outside XLA keeps the native op if later called inside a
+    ``jit_compile`` function, which XLA cannot compile: trace it inside, or pass
+    ``use_native=False``.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ from typing import Any
 
 import tensorflow as tf
 from tensorflow.python.ops import control_flow_util
+
+from tf_amp._flags import parse_flag
 
 _LOG = logging.getLogger("tf_amp")
 _LIBRARY_BASENAME = "_tf_amp_ops.so"
@@ -43,7 +51,7 @@ tf.no_gradient(NATIVE_OP_NAME)
 @functools.lru_cache(maxsize=1)
 def _load_native_module() -> tuple[Any | None, str]:
     """Loads the op library once; returns (module or None, reason it is unavailable)."""
-    if os.environ.get(_FORCE_FALLBACK_ENV, "").strip() not in ("", "0"):
+    if parse_flag(os.environ, _FORCE_FALLBACK_ENV):  # a bad value: ValueError naming it
         return None, f"{_FORCE_FALLBACK_ENV} is set"
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), _LIBRARY_BASENAME)
     if not os.path.exists(path):
@@ -102,6 +110,9 @@ def _fallback_unscale_one(value: tf.Tensor, scale: tf.Tensor) -> tf.Tensor:
 
 
 def _fallback(values: list[tf.Tensor], scale: tf.Tensor) -> tuple[list[tf.Tensor], tf.Tensor]:
+    # As the native op: a scalar scale only, and no gradient through the unscaling.
+    scale = tf.stop_gradient(tf.ensure_shape(scale, []))
+    values = [tf.stop_gradient(v) for v in values]
     unscaled = [_fallback_unscale_one(v, scale) for v in values]
     if not unscaled:
         return [], tf.constant(True)

@@ -71,7 +71,9 @@ TF_AMP_INLINE bool UnscaleDoubleBody(const double* in, double* out, int64_t n, d
 }
 
 // bfloat16 is the top half of a float32: widen by a shift, narrow with round-to-nearest-even
-// (what Eigen::bfloat16 and tf.cast do); nan stays a quiet nan of the same sign.
+// (as Eigen::bfloat16 does); nan stays a quiet nan of the same sign, as Eigen's scalar
+// conversion keeps it. tf.cast's vectorised loop drops that sign, so against the TF-ops
+// fallback a nan can differ in its sign bit, never in being a nan.
 TF_AMP_INLINE uint16_t FloatToBfloat16(uint32_t bits) {
   const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
   const uint32_t quiet_nan = ((bits >> 16) & 0x8000u) | 0x7fc0u;
