@@ -44,6 +44,33 @@ def test_enable_then_compile_and_fit_runs_float16_and_disable_undoes_the_hook():
     assert not keras_fit.is_installed(plain)
 
 
+def test_enable_written_inside_the_first_compile_call_still_hooks_the_model():
+    """``model.compile(optimizer=enable_...(opt))``: Python looks up ``model.compile`` before
+    the argument installs the compile hook, so the model is hooked at its first fit."""
+    from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
+
+    original_builder = TensorFlowTrainer.make_train_function
+    x = np.random.default_rng(0).random((32, 8, 8, 1), dtype=np.float32)
+    y = np.arange(32, dtype=np.int32) % 3
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Conv2D(4, 3),
+                              keras.layers.Flatten(), keras.layers.Dense(3)])
+    try:
+        model.compile(optimizer=tf_amp.enable_mixed_precision_graph_rewrite(
+            keras.optimizers.SGD(0.1)), jit_compile=False,
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+        assert keras_fit.is_installed(model)
+        train = keras_fit.rewritten_functions(model)["train"]
+        assert half_ops_of_functions(train.concrete_functions()) & HEAVY_OPS
+    finally:
+        tf_amp.disable_mixed_precision_graph_rewrite()
+    assert TensorFlowTrainer.make_train_function is original_builder
+    plain = _compiled_model(keras.optimizers.SGD(0.1))
+    plain.fit(x, y, batch_size=16, epochs=1, verbose=0)
+    assert not keras_fit.is_installed(plain)
+
+
 def test_v1_optimizers_do_not_touch_keras():
     original_compile = keras.Model.compile
     try:

@@ -339,10 +339,47 @@ def install_compile_hook() -> None:
     owner = compile_owner()
     _ORIGINAL_COMPILE.append(vars(owner)["compile"])
     owner.compile = compile_patch(owner.compile)
+    # ``model.compile(optimizer=tf_amp.enable_...(opt))`` in one statement looks up
+    # ``model.compile`` before the argument runs enable_, so that first compile is Keras's own.
+    # The builders catch such a model at its first fit / evaluate / predict instead.
+    builders = _builder_owner()
+    for name in _BUILDERS:
+        original = vars(builders)[name]
+        _ORIGINAL_BUILDERS[name] = original
+        setattr(builders, name, _late_hook(name, original))
+
+
+def _builder_owner() -> type:
+    from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
+
+    return TensorFlowTrainer
+
+
+def _late_hook(name: str, original: Any) -> Any:
+    """A class-level builder that hooks a model compiled with a marked optimizer before the
+    compile hook existed, then defers to the model's (now hooked) builder."""
+
+    def build(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not is_installed(self) and wants_rewrite(getattr(self, "optimizer", None)):
+            install(self)
+            self.__dict__["compile"] = types.MethodType(_recompile, self)
+            return getattr(self, name)(*args, **kwargs)
+        return original(self, *args, **kwargs)
+
+    build.__wrapped__ = original  # type: ignore[attr-defined]
+    return build
+
+
+_ORIGINAL_BUILDERS: dict[str, Any] = {}
 
 
 def uninstall_compile_hook() -> None:
-    """Restores ``compile``; already hooked models keep their hook until recompiled."""
+    """Restores ``compile`` and the builders; already hooked models keep their hook until
+    recompiled."""
     if not _ORIGINAL_COMPILE:
         return
     compile_owner().compile = _ORIGINAL_COMPILE.pop()
+    builders = _builder_owner()
+    for name, original in _ORIGINAL_BUILDERS.items():
+        setattr(builders, name, original)
+    _ORIGINAL_BUILDERS.clear()
