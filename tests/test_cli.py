@@ -63,12 +63,18 @@ def test_rewrite_saved_model_loads_and_runs_in_half(tmp_path: Path) -> None:
     assert (target / "variables").is_dir()
 
 
-def test_inspect_reports_conversions_casts_and_float32_islands(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def _rewrite_with_logs(tmp_path: Path) -> Path:
+    """Rewrites the MatMul graph with a log directory; returns the directory."""
     source, logs = tmp_path / "in.pb", tmp_path / "logs"
     cli.write_graph_def(_matmul_graph_def(), str(source))
     cli.main(["rewrite", str(source), str(tmp_path / "out.pb"), "--log-dir", str(logs)])
+    return logs
+
+
+def test_inspect_reports_conversions_casts_and_float32_islands(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    logs = _rewrite_with_logs(tmp_path)
     capsys.readouterr()
     assert cli.main(["inspect", str(logs)]) == 0
     text = capsys.readouterr().out
@@ -178,9 +184,7 @@ def test_more_bad_input_gives_a_clear_error(
 def test_inspect_skips_files_that_only_share_a_log_prefix(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    source, logs = tmp_path / "in.pb", tmp_path / "logs"
-    cli.write_graph_def(_matmul_graph_def(), str(source))
-    cli.main(["rewrite", str(source), str(tmp_path / "out.pb"), "--log-dir", str(logs)])
+    logs = _rewrite_with_logs(tmp_path)
     cli.write_graph_def(_matmul_graph_def(), str(logs / "graphdef_preop_frozen.pb"))
     (logs / "decisions_AutoMixedPrecision_copy.jsonl").write_text("")
     capsys.readouterr()

@@ -8,6 +8,8 @@ interchangeable with a plain float32 Session.
 from __future__ import annotations
 
 import collections
+import contextlib
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -92,12 +94,19 @@ def test_nested_fetches_names_and_callables() -> None:
         assert losses[-1] < losses[0]
 
 
-def test_ops_added_after_creation_are_rewritten_and_run() -> None:
+@contextlib.contextmanager
+def _session_after_one_step() -> Iterator[tuple[Net, tf_amp.Session, np.ndarray, np.ndarray]]:
+    """A tf_amp.Session that has initialised the net and run one train step."""
     net = _net()
     xs, ys = _data()
     with tf_amp.Session(graph=net.graph) as sess:
         sess.run(net.init)
         sess.run(net.train_op, {net.x: xs, net.y: ys})
+        yield net, sess, xs, ys
+
+
+def test_ops_added_after_creation_are_rewritten_and_run() -> None:
+    with _session_after_one_step() as (net, sess, xs, _):
         with net.graph.as_default():
             w = tf1.get_variable("late/kernel", [10, 4], initializer=tf1.ones_initializer())
             late = tf.matmul(net.logits, w, name="late_matmul")
@@ -115,11 +124,7 @@ def test_ops_added_after_creation_are_rewritten_and_run() -> None:
 def test_ops_added_later_may_depend_on_ops_that_already_ran() -> None:
     """tf.group(train_op) or an initializer built after the first run: a control edge from a
     new op to an op already in the rewritten graph."""
-    net = _net()
-    xs, ys = _data()
-    with tf_amp.Session(graph=net.graph) as sess:
-        sess.run(net.init)
-        sess.run(net.train_op, {net.x: xs, net.y: ys})
+    with _session_after_one_step() as (net, sess, xs, ys):
         with net.graph.as_default():
             step = tf.group(net.train_op, name="step")
             with tf.control_dependencies([net.train_op]):
