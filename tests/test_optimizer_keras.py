@@ -330,6 +330,19 @@ def test_gradients_unscaled_eagerly_are_not_unscaled_again_by_a_traced_apply():
         np.testing.assert_allclose(v.numpy(), expected, rtol=1e-6)
 
 
+def test_an_eager_look_at_unscaled_gradients_does_not_reach_a_traced_step():
+    """Unscaled eagerly only to be looked at, then a traced Keras-style step: its own
+    scale_loss starts a new step, so its apply unscales."""
+    w = keras.Variable([1.0])
+    opt = tf_amp.LossScaleOptimizer(keras.optimizers.SGD(0.5), 2.0**15)
+    opt.build([w])
+    with tf.GradientTape() as tape:
+        scaled = opt.scale_loss(tf.reduce_sum(w * 2.0))
+    opt.get_unscaled_gradients(tape.gradient(scaled, [w]))  # a look, nothing more
+    tf.function(lambda: _sgd_step(opt, w))()
+    np.testing.assert_array_equal(w.numpy(), [0.0])  # 1 - 0.5 * 2, not 1 - 0.5 * 2 * 2**15
+
+
 def test_gradients_unscaled_in_another_traced_function_are_a_clear_error():
     """Later calls of the traced function run no Python: the unscale would be invisible."""
     v = keras.Variable([1.0, 2.0])

@@ -154,15 +154,7 @@ class _UnscaledMarks:
         divide the gradients by the scale a second time.
         """
         graph = _current_graph()
-        step_graphs: list[Any] = []  # the graphs being built for this step, innermost first
-        g = graph
-        while g is not None:
-            step_graphs.append(g)
-            g = getattr(g, "outer_graph", None)
-        if graph is None or tf.compat.v1.executing_eagerly_outside_functions():
-            if step_graphs and not hasattr(step_graphs[-1], "outer_graph"):
-                step_graphs.pop()  # the global graph tf.function traces under: not this step's
-            step_graphs.append(None)  # eager: the caller of the outermost function
+        step_graphs = self._step_graphs()
         for g in step_graphs:
             mark = self._get(g)
             if mark is not None:
@@ -189,6 +181,22 @@ class _UnscaledMarks:
             )
         return None, None
 
+    @staticmethod
+    def _step_graphs() -> list[Any]:
+        """The graphs being built for this step, innermost first: the current one, those
+        enclosing it, and None (eager) when the outermost function is traced from eager code."""
+        graph = _current_graph()
+        step_graphs: list[Any] = []
+        g = graph
+        while g is not None:
+            step_graphs.append(g)
+            g = getattr(g, "outer_graph", None)
+        if graph is None or tf.compat.v1.executing_eagerly_outside_functions():
+            if step_graphs and not hasattr(step_graphs[-1], "outer_graph"):
+                step_graphs.pop()  # the global graph tf.function traces under: not this step's
+            step_graphs.append(None)  # eager: the caller of the outermost function
+        return step_graphs
+
     def open(self, inputs: Sequence[Any], outputs: Sequence[Any]) -> None:
         # copy(): replica threads may insert meanwhile; iterating a copy cannot fail.
         for key in [k for k, m in self._marks.copy().items() if not m.alive()]:
@@ -200,7 +208,10 @@ class _UnscaledMarks:
         self._marks.pop(self._key(graph), None)
 
     def new_step(self) -> None:
-        self.close(_current_graph())
+        """A new scaled loss: no unscale before it, here or in the code around this trace
+        (an eager look at unscaled gradients), belongs to the step that follows."""
+        for graph in self._step_graphs():
+            self.close(graph)
 
 
 class _StateEntry(KerasSaveable):
