@@ -11,9 +11,9 @@ float32 and float16), so the two outputs compare directly:
 
 from __future__ import annotations
 
+import argparse
 import os
-
-import torch
+from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -31,7 +31,7 @@ def bert_base_sizes(hidden: int = 768, ffn: int = 3072) -> list[int]:
     return sizes + [hidden * hidden, hidden]
 
 
-def time_ms(body, iterations: int = 50) -> float:
+def time_ms(torch: Any, body: Any, iterations: int = 50) -> float:
     body()
     torch.cuda.synchronize()
     start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -44,6 +44,9 @@ def time_ms(body, iterations: int = 50) -> float:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
+    import torch  # after the arguments: --help works without PyTorch
+
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
     for model, sizes in (("resnet50", resnet50_sizes()), ("bert-base", bert_base_sizes())):
         for dtype in (torch.float32, torch.float16):
@@ -51,7 +54,7 @@ def main() -> None:
             found_inf = torch.zeros(1, device="cuda")
             inv_scale = torch.ones(1, device="cuda")
             nbytes = sum(g.numel() * g.element_size() for g in grads)
-            ms = time_ms(lambda g=grads, f=found_inf, s=inv_scale:
+            ms = time_ms(torch, lambda g=grads, f=found_inf, s=inv_scale:
                          torch._amp_foreach_non_finite_check_and_unscale_(g, f, s))
             print(f"torch {model:9s} {str(dtype):13s} {len(sizes):4d} tensors "
                   f"{nbytes / 1e6:8.1f} MB: {ms:.3f} ms ({2 * nbytes / ms / 1e6:.0f} GB/s)")

@@ -8,7 +8,7 @@ skipped steps, and where the rewritten graphs and the TensorBoard logs were writ
     python examples/train_digits.py                       # one seed, ~1 minute on 2 cores
     python examples/train_digits.py --parity              # 3 seeds: mean and spread
     tensorboard --logdir /tmp/tf_amp_digits               # scalars and before/after graphs
-    tf-amp inspect /tmp/tf_amp_digits/graphs              # what was converted and why
+    tf-amp inspect /tmp/tf_amp_digits/seed0/mixed/graphs  # what was converted and why
 
 The digits data (1,797 8x8 images, 10 classes) ships with scikit-learn: nothing is downloaded.
 """

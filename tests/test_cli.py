@@ -141,12 +141,23 @@ def test_rewrite_never_deletes_what_is_not_an_earlier_output(
     other.mkdir()
     (other / "data.csv").write_text("1,2")
     assert cli.main(["rewrite", str(source), str(other)]) == 2
-    assert "not a SavedModel" in capsys.readouterr().err
+    assert "did not write" in capsys.readouterr().err
     assert (other / "data.csv").exists()
+    users_model = tmp_path / "users_other_model"  # a SavedModel, but not one tf-amp wrote
+    _saved_model(users_model)
+    assert cli.main(["rewrite", str(source), str(users_model)]) == 2
+    assert (users_model / "saved_model.pb").exists()
+    capsys.readouterr()
     target = tmp_path / "amp"
     assert cli.main(["rewrite", str(source), str(target)]) == 0
     assert cli.main(["rewrite", str(source), str(target)]) == 0  # an earlier output: replaced
     assert tf.saved_model.load(str(target)).signatures["serving_default"] is not None
+    graph = tmp_path / "g.pb"
+    cli.write_graph_def(_matmul_graph_def(), str(graph))
+    before = graph.read_bytes()
+    assert cli.main(["rewrite", str(graph), str(graph)]) == 2
+    assert "OUT must differ from IN" in capsys.readouterr().err
+    assert graph.read_bytes() == before
 
 
 def test_rewritten_saved_model_gets_its_own_fingerprint(tmp_path: Path) -> None:

@@ -117,6 +117,9 @@ def _cmd_rewrite(args: argparse.Namespace) -> int:
     else:
         if os.path.isdir(args.output):
             raise IsADirectoryError(f"OUT {args.output} is a directory; give a GraphDef file")
+        both = os.path.exists(args.input) and os.path.exists(args.output)
+        if both and os.path.samefile(args.input, args.output):
+            raise ValueError("OUT must differ from IN (the GraphDef is copied, not edited)")
         reports = [rewrite_graph_def_file(args.input, args.output, config)]
     for i, report in enumerate(reports):
         where = f"MetaGraph {i}: " if len(reports) > 1 else ""
@@ -192,8 +195,9 @@ def rewrite_saved_model(source: str, target: str, config: Any) -> Any:
     (their dtypes do not change) because the signatures' nodes are added to ``preserve_nodes``.
     Returns one report per MetaGraph.
 
-    OUT is replaced only when it is an earlier output (a SavedModel) or an empty directory, and
-    never when it contains IN: anything else there is the user's, and is not ours to delete.
+    OUT is replaced only when it is an earlier output of this command (it carries the
+    ``assets.extra/tf_amp_rewrite.json`` marker) or an empty directory, and never when it is or
+    contains IN: anything else there is the user's, and is not ours to delete.
     """
     from tensorflow.core.protobuf import saved_model_pb2
 
@@ -225,10 +229,17 @@ def rewrite_saved_model(source: str, target: str, config: Any) -> Any:
         f.write(saved_model.SerializeToString())
     if os.path.exists(os.path.join(source, _FINGERPRINT)):
         _write_fingerprint(target)
+    marker = os.path.join(target, _MARKER)
+    os.makedirs(os.path.dirname(marker), exist_ok=True)
+    with open(marker, "w", encoding="utf-8") as f:
+        json.dump({"rewritten_from": os.path.abspath(source), "tool": "tf-amp rewrite"}, f)
     return reports
 
 
 _FINGERPRINT = "fingerprint.pb"
+# Marks a directory as written by `tf-amp rewrite`, so a later run may replace it
+# (assets.extra is where a SavedModel keeps files TensorFlow does not read).
+_MARKER = os.path.join("assets.extra", "tf_amp_rewrite.json")
 
 
 def _check_saved_model_target(source: str, target: str) -> None:
@@ -239,10 +250,10 @@ def _check_saved_model_target(source: str, target: str) -> None:
     if os.path.commonpath([source_path, target_path]) == target_path:
         raise ValueError(f"OUT {target} contains IN {source}; it would be deleted")
     if os.path.isdir(target) and os.listdir(target):
-        if not os.path.exists(os.path.join(target, "saved_model.pb")):
+        if not os.path.exists(os.path.join(target, _MARKER)):
             raise FileExistsError(
-                f"OUT {target} is a non-empty directory that is not a SavedModel; remove it "
-                "or choose another path (only an earlier output is replaced)"
+                f"OUT {target} is a non-empty directory that tf-amp did not write; remove it "
+                "or choose another path (only an earlier tf-amp output is replaced)"
             )
     elif os.path.exists(target) and not os.path.isdir(target):
         raise FileExistsError(f"OUT {target} is a file; a SavedModel is a directory")
