@@ -16,18 +16,18 @@ resolved" when the interval contains the goal's threshold: a difference smaller 
 is reported as such, not as a win or a loss.
 
 Goal (CNN): tf_amp adds <= 2% over plain Adam and is faster than
-keras.optimizers.LossScaleOptimizer. Two CNNs: a small one (4 layers, 8 gradients) and a
-CIFAR-style ResNet-20 with BatchNorm (65 gradients), where Keras's per-gradient ops add up
-(+272 ops on an applied step against tf_amp's +21). The deep MLP (61 layers, 122 small gradients, little
+keras.optimizers.LossScaleOptimizer. Two CNNs: a small one (4 layers, 8 gradients) and a CIFAR-
+style ResNet-20 with BatchNorm (65 gradients), where Keras's per-gradient ops add up (+272 ops
+on an applied step against tf_amp's +21). The deep MLP (61 layers, 122 small gradients, little
 compute) is the case where a wrapper's per-tensor cost shows most. There both wrappers pay
 mostly for skipping itself: on CPU, running the 122 variable updates inside one ``tf.cond``
-cost +47% to +81% of plain Adam's step in an ablation (plain Adam wrapped in a cond on an
-all-finite flag, no loss scaling; +30% to +63% with Grappler off, and +30% to +64% with the If
-kept as a function call instead of lowered to Switch/Merge), against +8% to +24% for the
-fused check alone. The cond costs parallelism more than work: with one inter-op thread
-tf_amp adds +9% to +15% there, with two +51% to +57%, because plain Adam's 3,500 small update
-ops overlap the backward pass on the second core and the updates gated by one cond did not.
-Any wrapper that leaves weights and slots untouched on a skipped step pays that cond.
+cost +47% to +81% of plain Adam's step in an ablation (plain Adam wrapped in a cond on an all-
+finite flag, no loss scaling; +30% to +63% with Grappler off, and +30% to +64% with the If kept
+as a function call instead of lowered to Switch/Merge), against +8% to +24% for the fused check
+alone. The cond costs parallelism more than work: with one inter-op thread tf_amp adds +9% to
++15% there, with two +51% to +57%, because plain Adam's 3,500 small update ops overlap the
+backward pass on the second core and the updates gated by one cond did not. Any wrapper that
+leaves weights and slots untouched on a skipped step pays that cond.
 
     python bench/step_overhead.py [--processes 3] [--rounds 20] [--steps 10] [--batch 64]
                                   [--threads 1] [--models cnn,resnet,mlp]
