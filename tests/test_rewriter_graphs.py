@@ -416,3 +416,38 @@ def test_name_preserving_mode_on_a_training_graph_with_a_v1_loop(tf1_graph) -> N
     want = run(tf1_graph.graph_def, ["loss:0", "train"], {"x": x}, init="init")[0]
     got = run(result.graph_def, ["loss:0", "train"], {"x": x}, init="init")[0]
     np.testing.assert_allclose(got, want, rtol=2e-2)
+
+
+@pytest.mark.parametrize("order", ["reversed", "shuffled"])
+def test_node_order_changes_no_edge_and_no_colour(tf1_graph, order: str) -> None:  # noqa: ANN001
+    # The view resolves an input by comparing it with the names of the one or two nodes
+    # written just before its consumer, and only then probes the name index. In any node
+    # order (the first node reading the last one included) every edge must name the same
+    # source, and the painting must be the same.
+    from tf_amp.type_attrs import build_body_view
+
+    gd = tf1_graph.graph_def
+    nodes = list(gd.node)
+    if order == "reversed":
+        nodes.reverse()
+    else:
+        np.random.default_rng(0).shuffle(nodes)
+    # The first node reads the last one: a consumer moves to the front, its producer to the
+    # end (the case where "the node before" does not exist and must not wrap around).
+    by_name = {n.name: n for n in nodes}
+    consumer = next(n for n in nodes if n.input and n.input[0] in by_name)
+    producer = by_name[consumer.input[0]]
+    nodes = [consumer, *(n for n in nodes if n is not consumer and n is not producer), producer]
+    reordered = graph_pb2.GraphDef()
+    reordered.CopyFrom(gd)
+    del reordered.node[:]
+    reordered.node.extend(nodes)
+
+    view = build_body_view(reordered.node, {})
+    for k in range(len(view.e_src)):
+        text = reordered.node[view.e_dst[k]].input[view.e_pos[k]]
+        name, _, port = text.rpartition(":") if ":" in text else (text, "", "0")
+        assert view.names[view.e_src[k]] == name and view.e_sport[k] == int(port)
+    config = RewriteConfig(preserve_nodes=frozenset(tf1_graph.fetches))
+    expected = rewrite_graph_def(gd, config).report.colours()
+    assert rewrite_graph_def(reordered, config).report.colours() == expected
