@@ -52,6 +52,9 @@ import tensorflow as tf  # noqa: E402
 
 import tf_amp  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _stats import median_ci, verdict  # noqa: E402
+
 NAMES = ("adam", "tf_amp", "keras_lso")
 LABELS = {
     "cnn": "small CNN, 4 layers, 8 gradients",
@@ -179,15 +182,6 @@ def paired_ratios(times: dict[str, list[float]], a: str, b: str) -> list[float]:
     return [ta / tb for ta, tb in zip(times[a], times[b], strict=True)]
 
 
-def median_ci(values: list[float], resamples: int = 4000) -> tuple[float, float, float]:
-    """Median and a 95% percentile-bootstrap confidence interval of the median."""
-    data = np.asarray(values)
-    rng = np.random.default_rng(0)
-    medians = np.median(rng.choice(data, size=(resamples, data.size), replace=True), axis=1)
-    low, high = np.percentile(medians, [2.5, 97.5])
-    return float(np.median(data)), float(low), float(high)
-
-
 def report_model(label: str, runs: list[dict[str, list[float]]]) -> dict[str, tuple]:
     """Prints pooled step times and paired ratios of one model; returns the ratio stats."""
     pooled = {name: [t for run in runs for t in run[name]] for name in NAMES}
@@ -209,14 +203,6 @@ def report_model(label: str, runs: list[dict[str, list[float]]]) -> dict[str, tu
             f"   per process: {per_process}"
         )
     return stats
-
-
-def verdict(low: float, high: float, threshold: float) -> str:
-    if high <= threshold:
-        return "met"
-    if low > threshold:
-        return "NOT met"
-    return "not resolved (the interval contains the threshold)"
 
 
 def main() -> None:
