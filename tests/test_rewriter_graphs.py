@@ -433,7 +433,7 @@ def test_node_order_changes_no_edge_and_no_colour(tf1_graph, order: str) -> None
     else:
         np.random.default_rng(0).shuffle(nodes)
     # The first node reads the last one: a consumer moves to the front, its producer to the
-    # end (the case where "the node before" does not exist and must not wrap around).
+    # end (for the first node, "the node before" is the last one by Python's index -1).
     by_name = {n.name: n for n in nodes}
     consumer = next(n for n in nodes if n.input and n.input[0] in by_name)
     producer = by_name[consumer.input[0]]
@@ -451,3 +451,14 @@ def test_node_order_changes_no_edge_and_no_colour(tf1_graph, order: str) -> None
     config = RewriteConfig(preserve_nodes=frozenset(tf1_graph.fetches))
     expected = rewrite_graph_def(gd, config).report.colours()
     assert rewrite_graph_def(reordered, config).report.colours() == expected
+
+
+def test_one_node_graph_with_a_dangling_input_is_a_clear_error() -> None:
+    # A single node has no two predecessors to compare its input with: the general path
+    # must still name the problem (not fail on an index).
+    gd = graph_pb2.GraphDef()
+    lone = gd.node.add(name="relu", op="Relu")
+    lone.attr["T"].type = FLOAT
+    lone.input.append("missing")
+    with pytest.raises(GraphRewriteError, match="names no node"):
+        rewrite_graph_def(gd)

@@ -614,6 +614,7 @@ def build_body_view(
         return src, p
 
     # ---- data edges
+    by_text_only = is_function or n_real < 2  # FunctionDef syntax, or no two nodes to compare
     for i in real_ids:
         inputs = protos[i].input
         if not inputs:
@@ -634,12 +635,15 @@ def build_body_view(
             # inlined by Grappler, where a miss costs two short string compares). A compare
             # with a cache-hot neighbour's name is cheaper than a probe into the index, which
             # misses the caches and the TLB on big graphs. Names are unique, so a match is
-            # the index's answer.
-            if is_function:
+            # the index's answer. No per-edge bounds check: in a graph body ``names`` and
+            # ``real_ids`` hold the real nodes alone, so for the first nodes index -1 and -2
+            # name the last nodes in both (a match is still the right node); graphs of fewer
+            # than two nodes take the general path.
+            if by_text_only:
                 src = None
-            elif i and text == names[i - 1]:
+            elif text == names[i - 1]:
                 src = real_ids[i - 1]
-            elif i > 1 and text == names[i - 2]:
+            elif text == names[i - 2]:
                 src = real_ids[i - 2]
             else:
                 src = index.get(text)
