@@ -42,7 +42,8 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -56,11 +57,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _stats import median_ci, verdict  # noqa: E402
 
 NAMES = ("adam", "tf_amp", "keras_lso")
-LABELS = {
-    "cnn": "small CNN, 4 layers, 8 gradients",
-    "resnet": "ResNet-20 CNN, BatchNorm, 65 gradients",
-    "mlp": "deep MLP, 61 layers, 122 gradients",
-}
 PAIRS = (("tf_amp", "adam"), ("keras_lso", "adam"), ("tf_amp", "keras_lso"))
 
 
@@ -113,6 +109,22 @@ def deep_mlp() -> keras.Model:
     return keras.Sequential([keras.Input((32,)), *layers, keras.layers.Dense(10)])
 
 
+class BenchModel(NamedTuple):
+    label: str
+    build: Callable[[], keras.Model]
+    images: bool  # 32x32x3 images with 10 classes, else 32 features regressed onto 10
+    goal: bool  # a CNN: the goal's verdicts are printed for it
+    applies: int  # optimizer.apply calls per graph loop in optimizer_step_only
+    apply_rounds: int
+
+
+MODELS = {
+    "cnn": BenchModel("small CNN, 4 layers, 8 gradients", cnn, True, True, 100, 10),
+    "resnet": BenchModel("ResNet-20 CNN, BatchNorm, 65 gradients", resnet, True, True, 20, 5),
+    "mlp": BenchModel("deep MLP, 61 layers, 122 gradients", deep_mlp, False, False, 20, 5),
+}
+
+
 def optimizers() -> dict[str, keras.optimizers.Optimizer]:
     return {
         "adam": keras.optimizers.Adam(1e-3),
@@ -163,15 +175,13 @@ def worker(args: argparse.Namespace) -> None:
     sparse_ce = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     result: dict[str, Any] = {"native_op": tf_amp.native_op_available()}
     for key in args.models.split(","):
-        build, data_x, data_y, loss, applies = {
-            "cnn": (cnn, x, y, sparse_ce, 100),
-            "resnet": (resnet, x, y, sparse_ce, 20),
-            "mlp": (deep_mlp, x_deep, y_deep, keras.losses.MeanSquaredError(), 20),
-        }[key]
-        times, models = train_rounds(build, data_x, data_y, loss, args)
+        spec = MODELS[key]
+        data_x, data_y = (x, y) if spec.images else (x_deep, y_deep)
+        loss = sparse_ce if spec.images else keras.losses.MeanSquaredError()
+        times, models = train_rounds(spec.build, data_x, data_y, loss, args)
         result[key] = times
         result[key + "_apply_us"] = optimizer_step_only(
-            models, data_x[: args.batch], data_y[: args.batch], 5, calls=applies
+            models, data_x[: args.batch], data_y[: args.batch], spec.apply_rounds, spec.applies
         )
         if args.count_ops:
             result[key + "_ops"] = ops_per_applied_step(models)
@@ -219,12 +229,16 @@ def main() -> None:
         "1 takes thread scheduling out of the comparison",
     )
     parser.add_argument(
-        "--models", default="cnn,resnet,mlp", help="comma-separated: cnn, resnet, mlp"
+        "--models", default=",".join(MODELS), help=f"comma-separated: {', '.join(MODELS)}"
     )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--process", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--count-ops", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    unknown = set(args.models.split(",")) - MODELS.keys()
+    if unknown:
+        known = ", ".join(MODELS)
+        parser.error(f"--models: unknown {', '.join(sorted(unknown))}; pick from {known}")
     if args.worker:
         worker(args)
         return
@@ -255,8 +269,8 @@ def main() -> None:
     )
     models = args.models.split(",")
     for key in models:
-        stats = report_model(LABELS[key], [r[key] for r in results])
-        if key == "mlp":
+        stats = report_model(MODELS[key].label, [r[key] for r in results])
+        if not MODELS[key].goal:
             continue
         median, low, high = stats[("tf_amp", "adam")]
         print(
@@ -270,13 +284,14 @@ def main() -> None:
         )
     for key in models:
         best = {n: min(r[key + "_apply_us"][n] for r in results) for n in NAMES}
-        print(f"\noptimizer.apply alone ({LABELS[key]}; best of all rounds):")
+        print(f"\noptimizer.apply alone ({MODELS[key].label}; best of all rounds):")
         for name in NAMES:
             extra = best[name] - best["adam"]
             print(f"{name:>10}: {best[name]:8.1f} us/apply   {extra:+7.1f} us vs adam")
     for key in models:
         counts = results[0][key + "_ops"]
-        print(f"\nops run by optimizer.apply on an applied step ({LABELS[key]}), beyond Adam:")
+        label = MODELS[key].label
+        print(f"\nops run by optimizer.apply on an applied step ({label}), beyond Adam:")
         for name in NAMES:
             print(f"{name:>10}: {counts[name]:4d} ops   {counts[name] - counts['adam']:+4d}")
 
