@@ -100,6 +100,45 @@ def test_skipped_steps_change_nothing_bit_for_bit(seed):
     assert int(opt.iterations) == 24 - injected
 
 
+def _apply_or_skip_ifs(graph) -> list:
+    return [op for op in graph.get_operations() if op.type in ("If", "StatelessIf")]
+
+
+def test_apply_or_skip_runs_as_one_function_call_outside_a_strategy():
+    """Lowered, the cond would put a Switch on every gradient, variable and slot handle; as
+    a call it costs one op (bench/step_overhead.py). The skip semantics above run this form."""
+    model, (x, y) = tiny_model(), data()
+    opt = tf_amp.LossScaleOptimizer(keras.optimizers.Adam(1e-2))
+    opt.build(model.trainable_variables)
+    step = make_step(model, opt, x, y)
+    graph = step.get_concrete_function(tf.constant(0.0), tf.constant(0)).graph
+    (cond,) = _apply_or_skip_ifs(graph)
+    assert cond.get_attr("_lower_using_switch_merge") is False
+
+
+def test_apply_or_skip_stays_lowered_under_a_strategy():
+    """Under a strategy the branch may hold collectives or several devices' ops: TensorFlow's
+    tested lowered form is kept."""
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    with strategy.scope():
+        model, (x, y) = tiny_model(), data()
+        opt = tf_amp.LossScaleOptimizer(keras.optimizers.Adam(1e-2))
+        opt.build(model.trainable_variables)
+    step = make_step(model, opt, x, y)
+
+    @tf.function
+    def replicated(bad: tf.Tensor, which: tf.Tensor) -> None:
+        strategy.run(step.python_function, args=(bad, which))
+
+    graph = replicated.get_concrete_function(tf.constant(0.0), tf.constant(0)).graph
+    (cond,) = _apply_or_skip_ifs(graph)
+    assert cond.get_attr("_lower_using_switch_merge") is True
+    before = snapshot(model, opt)
+    replicated(tf.constant(np.inf), tf.constant(1))
+    assert bit_equal(before, snapshot(model, opt))
+    assert int(opt.skipped_steps) == 1
+
+
 def test_fit_save_load_resume_continues_the_same_schedule(tmp_path):
     """save after 2 epochs + load + 2 more == 4 epochs straight: weights, scale, counters.
 
