@@ -193,10 +193,10 @@ def _keep_as_function_call(cond_output: tf.Tensor) -> None:
     TensorFlow lowers a control-flow-v2 ``If`` to a ``Switch`` per captured input (here every
     gradient, variable and slot handle: 268 on a ResNet-20) plus ``Merge``s, which costs more
     per step than one call of the branch function: ``optimizer.apply`` alone on a ResNet-20
-    (65 gradients) cost +207 us over plain Adam lowered and +79 us as a call with one thread
-    (+242 us and +179 us with two; ``bench/step_overhead.py``). Only without a distribution
-    strategy: there the branch may hold collectives or ops on several devices, which the
-    lowered form is what TensorFlow tests. A v1 ``cond`` (Switch/Merge already) is left alone.
+    (65 gradients, one thread, same run) cost +207 us over plain Adam lowered and +79 us as a
+    call (``bench/step_overhead.py``). Only without a distribution strategy: under one the
+    branch may hold collectives or ops on several devices, and for those the lowered form is
+    the one TensorFlow tests. A v1 ``cond`` (Switch/Merge already) is left alone.
     """
     if tf.executing_eagerly() or tf.distribute.has_strategy():
         return  # eagerly the cond has already run: no op to mark
