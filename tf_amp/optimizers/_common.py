@@ -194,12 +194,17 @@ def _keep_as_function_call(cond_output: tf.Tensor) -> None:
     gradient, variable and slot handle: 268 on a ResNet-20) plus ``Merge``s, which costs more
     per step than one call of the branch function: ``optimizer.apply`` alone on a ResNet-20
     (65 gradients, one thread, same run) cost +207 us over plain Adam lowered and +79 us as a
-    call (``bench/step_overhead.py``). Only without a distribution strategy: under one the
-    branch may hold collectives or ops on several devices, and for those the lowered form is
-    the one TensorFlow tests. A v1 ``cond`` (Switch/Merge already) is left alone.
+    call (``bench/step_overhead.py``). Only in a CPU-only process without a distribution
+    strategy: TensorFlow's ``If`` kernel runs its branch as a function on the If's own device,
+    so with a GPU (variables there, the floor alarm's print on the host) or a strategy
+    (collectives, several devices) the branch needs the lowered form, which places each op on
+    its own; that form is also the one tested on GPUs, which this project has not run on. A v1
+    ``cond`` (Switch/Merge already) is left alone.
     """
     if tf.executing_eagerly() or tf.distribute.has_strategy():
         return  # eagerly the cond has already run: no op to mark
+    if tf.config.list_logical_devices("GPU"):
+        return
     op = cond_output.op
     if op.type == "Identity" and op.inputs:
         op = op.inputs[0].op
