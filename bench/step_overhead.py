@@ -30,11 +30,11 @@ alone. The cond costs parallelism more than work: with one inter-op thread tf_am
 one cond did not. Any wrapper that leaves weights and slots untouched on a skipped step pays
 that cond.
 
-tf_amp keeps its cond as one function call (an If not lowered to a Switch per captured input,
-268 on the ResNet-20). On the ResNet-20 at batch 8, ``optimizer.apply`` alone then cost +22 us
-over Adam against Keras's +147 us with one thread (+207 us for tf_amp while its If was
-lowered), and +89 us against +298 us with two. On the MLP it adds +44% [+34%, +59%] to the
-step and Keras's wrapper +75% [+57%, +94%].
+In a CPU-only process tf_amp keeps its cond as one function call (an If not lowered to a
+Switch per captured input, 268 on the ResNet-20). On the ResNet-20 at batch 8,
+``optimizer.apply`` alone then cost +22 us over Adam against Keras's +147 us with one thread
+(+207 us for tf_amp while its If was lowered), and +89 us against +298 us with two. On the
+MLP it adds +44% [+34%, +59%] to the step and Keras's wrapper +75% [+57%, +94%].
 
     python bench/step_overhead.py [--processes 3] [--rounds 20] [--steps 10] [--batch 64]
                                   [--threads 1] [--models cnn,resnet,mlp]
