@@ -282,13 +282,12 @@ def print_growth(rows: list[tuple[int, float, float]]) -> None:
     for (n1, o1, t1), (n2, o2, t2) in zip(rows, rows[1:], strict=False):
         g_ours, e_ours = per_10x(o2 / o1, n2 / n1)
         g_tf, e_tf = per_10x(t2 / t1, n2 / n1)
-        verdict = "ok" if g_ours <= 11.0 else "OVER"
+        mark = "ok" if g_ours <= 11.0 else "OVER"
         print(
-            f"  {n1:>8} -> {n2:>8}: ours x{g_ours:5.2f} (n^{e_ours:.3f}) {verdict:<4}  "
+            f"  {n1:>8} -> {n2:>8}: ours x{g_ours:5.2f} (n^{e_ours:.3f}) {mark:<4}  "
             f"TF x{g_tf:5.2f} (n^{e_tf:.3f})   [raw: ours x{o2 / o1:.2f}, TF x{t2 / t1:.2f} "
             f"for x{n2 / n1:.2f} nodes]"
         )
-    return 0
 
 
 if __name__ == "__main__":

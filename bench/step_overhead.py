@@ -242,7 +242,8 @@ def main() -> None:
     parser.add_argument("--process", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--count-ops", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    unknown = set(args.models.split(",")) - MODELS.keys()
+    models = args.models.split(",")
+    unknown = set(models) - MODELS.keys()
     if unknown:
         known = ", ".join(MODELS)
         parser.error(f"--models: unknown {', '.join(sorted(unknown))}; pick from {known}")
@@ -274,7 +275,6 @@ def main() -> None:
         f"{os.cpu_count()} CPUs, TensorFlow threads {args.threads or 'default'}, load average "
         f"{os.getloadavg()[0]:.1f}; ratios are paired per round, pooled over processes"
     )
-    models = args.models.split(",")
     for key in models:
         stats = report_model(MODELS[key].label, [r[key] for r in results])
         if not MODELS[key].goal:

@@ -42,7 +42,7 @@ LOG_PATH_ENVS: tuple[str, ...] = (
 
 
 @functools.lru_cache(maxsize=1)
-def _local_device_type() -> str:
+def local_device_type() -> str:
     """"GPU" when this process's TensorFlow sees a GPU, else "CPU" (asked once)."""
     import tensorflow as tf
 
@@ -116,7 +116,7 @@ class RewriteConfig:
         _check_choice("level", self.level, LEVELS)
         _check_choice("default_device_type", self.default_device_type, ("CPU", "GPU", "auto"))
         if self.default_device_type == "auto":
-            object.__setattr__(self, "default_device_type", _local_device_type())
+            object.__setattr__(self, "default_device_type", local_device_type())
         if self.lists is not None and not isinstance(self.lists, OpLists):
             raise TypeError(f"lists must be an OpLists or None, got {type(self.lists).__name__}")
 

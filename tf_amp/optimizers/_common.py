@@ -15,6 +15,7 @@ import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2, summary_pb2
 from tensorflow.python.ops import summary_ops_v2
 
+from tf_amp.config import local_device_type
 from tf_amp.loss_scale import LossScale, LossScaleState
 from tf_amp.ops import in_xla_context
 
@@ -203,7 +204,7 @@ def _keep_as_function_call(cond_output: tf.Tensor) -> None:
     """
     if tf.executing_eagerly() or tf.distribute.has_strategy():
         return  # eagerly the cond has already run: no op to mark
-    if tf.config.list_logical_devices("GPU"):
+    if local_device_type() == "GPU":
         return
     op = cond_output.op
     if op.type == "Identity" and op.inputs:
