@@ -186,10 +186,11 @@ def paired_growth(sizes: list[int], rounds: int) -> None:
 
     Two timings per size and round:
     - warm: the mean of back-to-back rewrites of the same graph (100k/size calls, ~0.5 s).
-      Below ~2k nodes the rewrite's whole working set (input, copy, view: ~1.5 KB per node)
-      stays in the 1 MiB L2 cache from one call to the next, which no larger graph gets.
+      At 1k nodes the rewrite's working set (600 bytes of Python objects per node, plus the
+      input and its protobuf copy) stays in the 1 MiB L2 cache from one call to the next,
+      which no larger graph gets.
     - cold: each rewrite starts after a 96 MiB buffer was written, so nothing of the previous
-      call is cached (the mean of 30k/size calls). That is what a real rewrite sees: it runs
+      call is cached (the mean of 30k/size calls). Closer to what a real rewrite sees: it runs
       once per traced graph. From 10k nodes up the two timings agree (the working set does not
       survive between calls anyway); only the small sizes differ.
     """
