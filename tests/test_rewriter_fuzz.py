@@ -17,6 +17,7 @@ validates, only never to turn an importable graph into a broken one.)
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 import tensorflow as tf
@@ -59,11 +60,11 @@ def _tf2_while_graph() -> graph_pb2.GraphDef:
     return step.get_concrete_function(spec).graph.as_graph_def()
 
 
-def _damage_node_list(nodes: object, rng: random.Random) -> None:
+def _damage_node_list(nodes: Any, rng: random.Random) -> None:
     """One random mutation of one node of ``nodes`` (GraphDef.node or FunctionDef.node_def)."""
-    names = [n.name for n in nodes]  # type: ignore[attr-defined]
+    names = [n.name for n in nodes]
     index = rng.randrange(len(names))
-    node = nodes[index]  # type: ignore[index]
+    node = nodes[index]
     attr_keys = sorted(node.attr)
     kind = rng.randrange(13)
     if kind == 0 and node.input:
@@ -87,7 +88,7 @@ def _damage_node_list(nodes: object, rng: random.Random) -> None:
     elif kind == 6 and attr_keys:
         node.attr[rng.choice(attr_keys)].list.type.extend([types_pb2.DT_FLOAT, types_pb2.DT_INT32])
     elif kind == 7:
-        nodes.add().CopyFrom(node)  # type: ignore[attr-defined]
+        nodes.add().CopyFrom(node)
     elif kind == 8:
         node.name = rng.choice(["", "x", "a:b", "^c", node.name + "/z"])
     elif kind == 9 and attr_keys:
@@ -97,7 +98,7 @@ def _damage_node_list(nodes: object, rng: random.Random) -> None:
     elif kind == 11:
         node.attr["N"].i = rng.choice([-3, 0, 7])
     elif kind == 12:
-        del nodes[index]  # type: ignore[attr-defined]
+        del nodes[index]
 
 
 def _damage(graph_def: graph_pb2.GraphDef, rng: random.Random) -> None:
