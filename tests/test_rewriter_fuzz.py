@@ -23,14 +23,16 @@ import pytest
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2, types_pb2
 
+from tf_amp import _model_graphs
 from tf_amp.config import RewriteConfig
 from tf_amp.rewriter import GraphRewriteError, rewrite_graph_def
 
 v1 = tf.compat.v1
 
 
-def _tf1_training_graph() -> graph_pb2.GraphDef:
-    """Resource variable, allow/infer/clear/deny ops, IdentityN, a Cast pair, gradients."""
+def _multi_type_op_graph() -> graph_pb2.GraphDef:
+    """TF1, gradients through the ops with several type attrs (IdentityN, a Cast pair) and
+    ops of every list, which the differential suite's graphs (``_model_graphs``) hold few of."""
     graph = tf.Graph()
     with graph.as_default():
         x = v1.placeholder(tf.float32, [4, 4], name="x")
@@ -46,7 +48,9 @@ def _tf1_training_graph() -> graph_pb2.GraphDef:
 
 
 def _tf2_while_graph() -> graph_pb2.GraphDef:
-    """A traced function with a functional While: a library with cond and body FunctionDefs."""
+    """A traced function with a functional While: a library with cond and body FunctionDefs,
+    a few nodes each (``_model_graphs.keras_lstm_gru`` has them too, but thousands of nodes
+    would leave most damage in the plain graph around them)."""
 
     @tf.function
     def step(x: tf.Tensor) -> tf.Tensor:
@@ -129,16 +133,24 @@ def _imports(graph_def: graph_pb2.GraphDef) -> bool:
 @pytest.mark.parametrize("seed", range(4))
 def test_damaged_graphs_give_a_clear_error_or_an_importable_graph(seed: int) -> None:
     rng = random.Random(seed)
-    bases = [_tf1_training_graph(), _tf2_while_graph()]
+    # (graph, fetches to preserve, as a session would fetch them). The TF1 while loop with a
+    # Momentum step (Switch/Merge/Enter/Exit/NextIteration) is the differential suite's own.
+    v1_loop = _model_graphs.tf1_while_momentum()
+    bases = [
+        (_multi_type_op_graph(), ["loss"]),
+        (_tf2_while_graph(), ["Identity"]),
+        (v1_loop.graph_def, v1_loop.fetches),
+    ]
     outcomes = {"error": 0, "imports": 0, "input rejected by TensorFlow": 0}
     for case in range(200):
         damaged = graph_pb2.GraphDef()
-        damaged.CopyFrom(rng.choice(bases))
+        base, fetches = rng.choice(bases)
+        damaged.CopyFrom(base)
         for _ in range(rng.randrange(1, 4)):
             _damage(damaged, rng)
         before = damaged.SerializeToString(deterministic=True)
         config = RewriteConfig(
-            preserve_nodes=frozenset(["loss", "Identity"]),
+            preserve_nodes=frozenset(fetches),
             opt_level=rng.choice(["O1", "O2", "O3"]),
             preserve_names=rng.random() < 0.3,
         )
