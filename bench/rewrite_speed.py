@@ -4,6 +4,7 @@ process.
     python bench/rewrite_speed.py                 # real graphs + 1k, 10k, 100k, 1M nodes
     python bench/rewrite_speed.py --max-nodes 100000 --repeat 5 --skip-real
     python bench/rewrite_speed.py --growth-rounds 9   # ours only: growth, warm and cold caches
+    python bench/rewrite_speed.py --work-per-node     # ours only: bytecodes and C calls per node
 
 TensorFlow's side is ``tf_optimizer.OptimizeGraph`` with only ``auto_mixed_precision_cpu`` and
 ``TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_EMULATE_FP16=0`` (see ``tf_amp._oracle``); it includes
@@ -35,6 +36,7 @@ from tf_amp.rewriter import rewrite_graph_def  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _stats import median_ci, verdict  # noqa: E402
+from _work import count_python_work  # noqa: E402
 
 
 def _block_template() -> graph_pb2.GraphDef:
@@ -244,6 +246,36 @@ def paired_growth(sizes: list[int], rounds: int) -> None:
         print(f"  median us per node: {times}")
 
 
+def work_per_node(sizes: list[int]) -> None:
+    """Python bytecodes, C-function calls and peak Python memory of one rewrite, per node.
+
+    Deterministic, unlike the timings: if they are flat across sizes while the time per node
+    rises, the rewrite does the same work per node at every size and the excess growth is each
+    operation getting dearer (caches, page faults), not an algorithm worse than linear.
+    """
+    import tracemalloc
+
+    config = RewriteConfig(preserve_nodes=frozenset(["input"]))
+    print("\nours, work per node of one rewrite (after a warm-up rewrite of the same graph):")
+    print(f"{'nodes':>9}{'bytecodes':>11}{'C calls':>9}{'peak B':>8}   (ratios to the smallest)")
+    first: tuple[float, float, float] | None = None
+    for size in sizes:
+        gd = synthetic_graph(size)
+        n = len(gd.node)
+        rewrite_graph_def(gd, config)
+        bytecodes, c_calls = count_python_work(lambda gd=gd: rewrite_graph_def(gd, config))
+        tracemalloc.start()
+        result = rewrite_graph_def(gd, config)
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        del result
+        row = (bytecodes / n, c_calls / n, peak / n)
+        first = first or row
+        ratios = "  ".join(f"x{value / base:.3f}" for value, base in zip(row, first, strict=True))
+        print(f"{n:>9}{row[0]:>11.1f}{row[1]:>9.2f}{row[2]:>8.0f}   {ratios}")
+        del gd
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-nodes", type=int, default=1_000_000)
@@ -256,6 +288,11 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         help="only our growth per 10x nodes (warm and cold caches), paired over this many rounds",
     )
+    parser.add_argument(
+        "--work-per-node",
+        action="store_true",
+        help="only our bytecodes, C calls and peak Python memory per node (deterministic)",
+    )
     args = parser.parse_args(argv)
 
     import logging
@@ -267,6 +304,9 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [s for s in (1_000, 10_000, 100_000, 1_000_000) if s <= args.max_nodes]
     if args.growth_rounds:
         paired_growth(sizes, args.growth_rounds)
+        return 0
+    if args.work_per_node:
+        work_per_node([s for s in sizes if s <= 100_000])  # traced: ~50x slower than a rewrite
         return 0
     print(
         "process CPU seconds, best of --repeat after one untimed warm-up call "
