@@ -3,7 +3,7 @@ process.
 
     python bench/rewrite_speed.py                 # real graphs + 1k, 10k, 100k, 1M nodes
     python bench/rewrite_speed.py --max-nodes 100000 --repeat 5 --skip-real
-    python bench/rewrite_speed.py --growth-rounds 9   # ours only: growth, warm and cold caches
+    python bench/rewrite_speed.py --growth-rounds 9   # growth: ours warm and cold, TF's warm
     python bench/rewrite_speed.py --work-per-node     # ours only: bytecodes and C calls per node
 
 TensorFlow's side is ``tf_optimizer.OptimizeGraph`` with only ``auto_mixed_precision_cpu`` and
@@ -244,6 +244,35 @@ def paired_growth(sizes: list[int], rounds: int) -> None:
             f"{size}: {1e6 * float(np.median(v)):.2f}" for size, v in per_node[mode].items()
         )
         print(f"  median us per node: {times}")
+    tf_growth([s for s in sizes if s <= 100_000], graphs, rounds)
+
+
+def tf_growth(sizes: list[int], graphs: dict[int, graph_pb2.GraphDef], rounds: int) -> None:
+    """TensorFlow's own pass on the same graphs, paired the same way (warm caches), after
+    ours: the reference for what 10x the nodes costs a compiled implementation on this
+    machine. Up to 100k nodes (one call takes 5 s there, and a minute at 1M)."""
+    if len(sizes) < 2:
+        return
+    for size in sizes:
+        _oracle.run_tf_pass(graphs[size], ["input"])  # warm-up
+    pairs = list(zip(sizes, sizes[1:], strict=False))
+    growth: dict[tuple[int, int], list[float]] = {pair: [] for pair in pairs}
+    for r in range(rounds):
+        seconds = {}
+        for size in sizes[r % len(sizes) :] + sizes[: r % len(sizes)]:
+            calls = max(1, 50_000 // size)
+            total = sum(_oracle.run_tf_pass(graphs[size], ["input"])[1] for _ in range(calls))
+            seconds[size] = total / calls
+        for small, large in pairs:
+            nodes = len(graphs[large].node) / len(graphs[small].node)
+            growth[(small, large)].append(per_10x(seconds[large] / seconds[small], nodes)[0])
+    print(f"\nTensorFlow's pass, warm caches, paired growth per 10x nodes ({rounds} rounds):")
+    for (small, large), values in growth.items():
+        median, low, high = median_ci(values)
+        print(
+            f"  {small:>8} -> {large:>8}: x{median:5.2f}  95% CI [x{low:5.2f}, x{high:5.2f}]"
+            f"  goal <= 11x (for reference): {verdict(low, high, 11.0)}"
+        )
 
 
 def work_per_node(sizes: list[int]) -> None:
@@ -286,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         "--growth-rounds",
         type=int,
         default=0,
-        help="only our growth per 10x nodes (warm and cold caches), paired over this many rounds",
+        help="only growth per 10x nodes (ours warm and cold, TF's warm), paired over N rounds",
     )
     parser.add_argument(
         "--work-per-node",
