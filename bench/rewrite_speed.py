@@ -178,15 +178,10 @@ _EVICTION_BYTES = 96 << 20
 
 
 def paired_growth(sizes: list[int], rounds: int) -> None:
-    """Our growth per 10x nodes with a confidence interval, with warm and with cold caches.
+    """Growth per 10x nodes with a confidence interval: ours with warm and with cold caches,
+    then TensorFlow's pass with warm caches, on the same graphs.
 
-    Each round times every size (the order rotates), so each adjacent pair of sizes gives one
-    growth figure from timings taken moments apart; the median of the rounds gets a 95%
-    bootstrap interval. Why paired: on a shared virtual machine the same rewrite varies by
-    +-10% from one run to the next, more than the distance between the goal (11x) and what is
-    measured.
-
-    Two timings per size and round:
+    Two timings of ours per size and round:
     - warm: the mean of back-to-back rewrites of the same graph (100k/size calls, ~0.5 s).
       At 1k nodes the rewrite's working set (600 bytes of Python objects per node, plus the
       input and its protobuf copy) stays in the 1 MiB L2 cache from one call to the next,
@@ -195,21 +190,15 @@ def paired_growth(sizes: list[int], rounds: int) -> None:
       call is cached (the mean of 30k/size calls). Closer to what a real rewrite sees: it runs
       once per traced graph. From 10k nodes up the two timings agree (the working set does not
       survive between calls anyway); only the small sizes differ.
+    TensorFlow's pass, timed after ours, is the reference for what 10x the nodes costs a
+    compiled implementation on this machine; up to 100k nodes (one call takes 5 s there, and a
+    minute at 1M).
     """
     graphs = {size: synthetic_graph(size) for size in sizes}
     config = RewriteConfig(preserve_nodes=frozenset(["input"]))
     eviction = np.zeros(_EVICTION_BYTES, dtype=np.uint8)
-    for size in sizes:
-        rewrite_graph_def(graphs[size], config)  # warm-up: caches, imports, first-touch pages
-    pairs = list(zip(sizes, sizes[1:], strict=False))
-    node_ratio = {(a, b): len(graphs[b].node) / len(graphs[a].node) for a, b in pairs}
-    modes = ("warm", "cold")
-    growth: dict[str, dict[tuple[int, int], list[float]]] = {
-        mode: {pair: [] for pair in pairs} for mode in modes
-    }
-    per_node: dict[str, dict[int, list[float]]] = {mode: {s: [] for s in sizes} for mode in modes}
 
-    def mean_seconds(size: int, calls: int, evict: bool) -> float:
+    def ours(size: int, calls: int, evict: bool) -> float:
         total = 0.0
         for _ in range(calls):
             if evict:
@@ -220,20 +209,65 @@ def paired_growth(sizes: list[int], rounds: int) -> None:
             del result
         return total / calls
 
+    def tensorflow(size: int) -> float:
+        calls = max(1, 50_000 // size)
+        return sum(_oracle.run_tf_pass(graphs[size], ["input"])[1] for _ in range(calls)) / calls
+
+    for size in sizes:
+        ours(size, 1, evict=False)  # warm-up: caches, imports, first-touch pages
+    _print_paired_growth(
+        graphs,
+        sizes,
+        rounds,
+        {
+            "ours, warm caches": lambda size: ours(size, max(1, 100_000 // size), evict=False),
+            "ours, cold caches": lambda size: ours(size, max(1, 30_000 // size), evict=True),
+        },
+    )
+    tf_sizes = [s for s in sizes if s <= 100_000]
+    for size in tf_sizes:
+        _oracle.run_tf_pass(graphs[size], ["input"])  # warm-up
+    _print_paired_growth(graphs, tf_sizes, rounds, {"TensorFlow's pass, warm caches": tensorflow})
+
+
+def _print_paired_growth(
+    graphs: dict[int, graph_pb2.GraphDef],
+    sizes: list[int],
+    rounds: int,
+    timers: dict[str, Callable[[int], float]],
+) -> None:
+    """Times every size with every timer (seconds per call) in each round, the order of the
+    sizes rotating, and prints each timer's growth per 10x nodes: the median of the rounds
+    with a 95% bootstrap interval and the <= 11x verdict.
+
+    Why paired: on a shared virtual machine the same rewrite varies by +-10% from one run to
+    the next, more than the distance between the goal (11x) and what is measured; each round
+    gives one growth figure per pair of sizes from timings taken moments apart.
+    """
+    if len(sizes) < 2:
+        return
+    pairs = list(zip(sizes, sizes[1:], strict=False))
+    node_ratio = {(a, b): len(graphs[b].node) / len(graphs[a].node) for a, b in pairs}
+    growth: dict[str, dict[tuple[int, int], list[float]]] = {
+        label: {pair: [] for pair in pairs} for label in timers
+    }
+    per_node: dict[str, dict[int, list[float]]] = {
+        label: {size: [] for size in sizes} for label in timers
+    }
     for r in range(rounds):
-        seconds: dict[str, dict[int, float]] = {mode: {} for mode in modes}
+        seconds: dict[str, dict[int, float]] = {label: {} for label in timers}
         for size in sizes[r % len(sizes) :] + sizes[: r % len(sizes)]:
-            seconds["warm"][size] = mean_seconds(size, max(1, 100_000 // size), evict=False)
-            seconds["cold"][size] = mean_seconds(size, max(1, 30_000 // size), evict=True)
-        for mode in modes:
+            for label, timer in timers.items():
+                seconds[label][size] = timer(size)
+        for label in timers:
             for size in sizes:
-                per_node[mode][size].append(seconds[mode][size] / len(graphs[size].node))
+                per_node[label][size].append(seconds[label][size] / len(graphs[size].node))
             for (small, large), nodes in node_ratio.items():
-                ratio = seconds[mode][large] / seconds[mode][small]
-                growth[mode][(small, large)].append(per_10x(ratio, nodes)[0])
-    for mode in modes:
-        print(f"\nours, {mode} caches, paired growth per 10x nodes ({rounds} rounds, process CPU):")
-        for (small, large), values in growth[mode].items():
+                ratio = seconds[label][large] / seconds[label][small]
+                growth[label][(small, large)].append(per_10x(ratio, nodes)[0])
+    for label in timers:
+        print(f"\n{label}, paired growth per 10x nodes ({rounds} rounds, process CPU):")
+        for (small, large), values in growth[label].items():
             median, low, high = median_ci(values)
             print(
                 f"  {small:>8} -> {large:>8}: x{median:5.2f}  95% CI [x{low:5.2f}, x{high:5.2f}]"
@@ -241,38 +275,9 @@ def paired_growth(sizes: list[int], rounds: int) -> None:
                 f"{verdict(low, high, 11.0)}"
             )
         times = ", ".join(
-            f"{size}: {1e6 * float(np.median(v)):.2f}" for size, v in per_node[mode].items()
+            f"{size}: {1e6 * float(np.median(v)):.2f}" for size, v in per_node[label].items()
         )
         print(f"  median us per node: {times}")
-    tf_growth([s for s in sizes if s <= 100_000], graphs, rounds)
-
-
-def tf_growth(sizes: list[int], graphs: dict[int, graph_pb2.GraphDef], rounds: int) -> None:
-    """TensorFlow's own pass on the same graphs, paired the same way (warm caches), after
-    ours: the reference for what 10x the nodes costs a compiled implementation on this
-    machine. Up to 100k nodes (one call takes 5 s there, and a minute at 1M)."""
-    if len(sizes) < 2:
-        return
-    for size in sizes:
-        _oracle.run_tf_pass(graphs[size], ["input"])  # warm-up
-    pairs = list(zip(sizes, sizes[1:], strict=False))
-    growth: dict[tuple[int, int], list[float]] = {pair: [] for pair in pairs}
-    for r in range(rounds):
-        seconds = {}
-        for size in sizes[r % len(sizes) :] + sizes[: r % len(sizes)]:
-            calls = max(1, 50_000 // size)
-            total = sum(_oracle.run_tf_pass(graphs[size], ["input"])[1] for _ in range(calls))
-            seconds[size] = total / calls
-        for small, large in pairs:
-            nodes = len(graphs[large].node) / len(graphs[small].node)
-            growth[(small, large)].append(per_10x(seconds[large] / seconds[small], nodes)[0])
-    print(f"\nTensorFlow's pass, warm caches, paired growth per 10x nodes ({rounds} rounds):")
-    for (small, large), values in growth.items():
-        median, low, high = median_ci(values)
-        print(
-            f"  {small:>8} -> {large:>8}: x{median:5.2f}  95% CI [x{low:5.2f}, x{high:5.2f}]"
-            f"  goal <= 11x (for reference): {verdict(low, high, 11.0)}"
-        )
 
 
 def work_per_node(sizes: list[int]) -> None:
