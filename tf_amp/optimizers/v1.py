@@ -242,6 +242,13 @@ class V1LossScaleOptimizer(_V1Optimizer):
         ``apply_gradients`` itself merges; ``finite`` is identical on all replicas."""
         finite = distribution.experimental_local_results(finite)[0]
         inner_apply: Callable[..., Any] = self._inner.apply_gradients
+        # The inner optimizer's slots are made here, in the caller's graph, not by its
+        # apply_gradients inside the cond's branch: there TensorFlow's init_scope can lift
+        # them to the eager context once that context is initialised (any earlier
+        # tf.config.list_physical_devices call does that), and the branch then fails to
+        # capture an eager handle. Slot creation is get-or-make, so the inner call reuses them.
+        with tf.init_scope():
+            self._inner._create_slots([v for g, v in grads_and_vars if g is not None])  # noqa: SLF001
 
         def apply_fn() -> Any:
             per_replica = distribution.extended.call_for_each_replica(
