@@ -8,6 +8,10 @@ import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+# Every way in defaults to the "auto" target, which depends on the machine (bfloat16 on a CPU
+# with AMX/AVX512-BF16, float32 on one without). The suite pins float16 so that each test means
+# the same on every machine; the tests of "auto" itself (test_target.py) unset it.
+os.environ.setdefault("TF_AMP_TARGET_DTYPE", "float16")
 
 
 @pytest.fixture(autouse=True)

@@ -23,6 +23,7 @@ import tensorflow as tf
 from tensorflow.python.training import session_manager
 
 from tests.e2e_helpers import half_ops
+from tf_amp.hardware import TargetChoice
 from tf_amp.runtime import activation, auto_loss_scale
 from tf_amp.runtime.activation import (
     ENV_ENABLE,
@@ -56,7 +57,24 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
     ],
 )
 def test_settings_from_env(env: dict[str, str], expected: Settings) -> None:
-    assert Settings.from_env(env) == expected
+    # For a float16 target, TF_ENABLE_AUTO_MIXED_PRECISION=1 turns both halves on.
+    float16 = TargetChoice("float16", "test")
+    assert Settings.from_env(env).for_target(float16) == expected
+
+
+@pytest.mark.parametrize(
+    ("target", "rewrite", "scaling"),
+    [("float16", True, True), ("bfloat16", True, False), ("float32", False, False)],
+)
+def test_enable_alone_turns_on_what_the_target_needs(
+    target: str, rewrite: bool, scaling: bool
+) -> None:
+    settings = Settings.from_env({ENV_ENABLE: "1"})
+    assert settings == Settings(None, None)  # decided once TensorFlow shows the device
+    assert settings.for_target(TargetChoice(target, "test")) == Settings(rewrite, scaling)
+    # the specific variables still force their half, whatever the target
+    forced = Settings.from_env({ENV_ENABLE: "1", ENV_LOSS_SCALING: "1"})
+    assert forced.for_target(TargetChoice(target, "test")) == Settings(rewrite, True)
 
 
 @pytest.mark.parametrize("name", ALL_VARS)
@@ -335,6 +353,23 @@ def test_env_conversion_line_is_printed_exactly_once(tmp_path: Path) -> None:
     out = _run(script, tmp_path, {ENV_ENABLE: "1"})
     assert "sum: 64.0" in out
     assert len([line for line in out.splitlines() if "Converted " in line]) == 1, out[-3000:]
+
+
+def test_env_tf1_script_that_lists_its_devices_first(tmp_path: Path) -> None:
+    # Listing the devices (for memory growth, say) starts TensorFlow's eager context before
+    # the TF1 graph is built. The inner optimizer's slots were then made inside the
+    # apply-or-skip cond and lifted to the eager context: "Attempting to capture an
+    # EagerTensor without building a function".
+    script = tmp_path / "devices_first.py"
+    example = REPO / "examples" / "tf1_session_env.py"
+    script.write_text(
+        "import runpy, tensorflow as tf\n"
+        "tf.config.list_physical_devices('GPU')\n"
+        f"runpy.run_path({str(example)!r}, run_name='__main__')\n"
+    )
+    out = _run(script, tmp_path, {ENV_GRAPH_REWRITE: "1", ENV_LOSS_SCALING: "1"})
+    assert "LossScaleMomentum/loss_scale_scale" in out
+    assert float(out.split("test accuracy:")[1].split()[0]) > 0.9
 
 
 def test_env_tf1_session_script_trains_in_mixed_precision(tmp_path: Path) -> None:

@@ -1,7 +1,9 @@
 """The main job (examples/train_digits.py) end to end on the real dataset, in a subprocess.
 
-Shortened (10 epochs, one seed) to fit the test budget; the 3-seed parity figure comes from
-``python examples/train_digits.py --parity``.
+The first test runs it as the README does (the machine's own target: no pinned target, oneDNN
+as TensorFlow defaults it), shortened to 4 epochs. The parity test pins float16 with loss
+scaling on the job's original 8x8 model, which keeps three seeds within the test budget on
+any CPU; the full 3-seed figure comes from ``python examples/train_digits.py --parity``.
 """
 
 from __future__ import annotations
@@ -16,11 +18,13 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_main_job_prints_everything_and_mixed_precision_matches_float32(tmp_path: Path) -> None:
     env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2")
+    env.pop("TF_AMP_TARGET_DTYPE", None)  # as the README's command runs: the machine decides
+    env.pop("TF_ENABLE_ONEDNN_OPTS", None)
     proc = subprocess.run(
         [
             sys.executable,
             str(REPO / "examples" / "train_digits.py"),
-            "--epochs=10",
+            "--epochs=4",
             f"--logdir={tmp_path}",
             "--noprogress",
         ],
@@ -34,10 +38,19 @@ def test_main_job_prints_everything_and_mixed_precision_matches_float32(tmp_path
     fp32 = float(out.split("float32         test accuracy:")[1].split()[0])
     amp = float(out.split("mixed precision test accuracy:")[1].split()[0])
     assert fp32 > 0.9 and amp > 0.9
-    assert abs(amp - fp32) <= 0.02  # one seed, 10 epochs: 2 points (parity mode: 1 point)
-    assert "rewrite: Converted" in out
-    assert int(out.split("float16 ops in the executed train step:")[1].split()[0]) > 0
-    assert "loss scale:" in out and "skipped steps:" in out
+    assert abs(amp - fp32) <= 0.03  # one seed, 4 epochs: 3 points (parity mode: 1 point)
+    target, reason = out.split("target: ")[1].split("\n")[0].split(" ", 1)
+    assert target in ("float16", "bfloat16", "float32") and len(reason) > 20, reason
+    assert "x float32" in out  # the step-time ratio
+    reduced = int(out.split("reduced-precision ops in the executed train step:")[1].split()[0])
+    if target == "float32":  # no fast reduced precision here: the job says so and changes nothing
+        assert "AMX-BF16" in reason and reduced == 0
+    else:
+        assert "rewrite: Converted" in out and reduced > 0
+    if target == "float16":
+        assert "loss scale:" in out and "skipped steps:" in out
+    else:
+        assert f"loss scale: off ({target} needs none)" in out
     graphs = tmp_path / "seed0" / "mixed" / "graphs"
     assert str(graphs) in out and list(graphs.glob("graphdef_AutoMixedPrecision_*.pb"))
 
@@ -46,9 +59,11 @@ def test_convergence_parity_over_three_seeds(tmp_path: Path) -> None:
     """The issue's goal: mixed-precision test accuracy within 1 point of float32, over 3 seeds
     (mean), printed with the spread. Shortened to 12 epochs to fit the suite's budget."""
     env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2")
+    env["TF_AMP_TARGET_DTYPE"] = "float16"  # loss scaling on, whatever the machine
     proc = subprocess.run(
         [sys.executable, str(REPO / "examples" / "train_digits.py"), "--parity",
-         "--epochs=12", f"--logdir={tmp_path}", "--noprogress"],
+         "--epochs=12", "--image_size=8", "--batch_size=32", f"--logdir={tmp_path}",
+         "--noprogress"],
         env=env, capture_output=True, text=True, timeout=480,
     )
     out = proc.stdout

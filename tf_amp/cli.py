@@ -51,7 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     rewrite = sub.add_parser("rewrite", help="rewrite a GraphDef or SavedModel")
     rewrite.add_argument("input", help="GraphDef file (.pb / .pbtxt) or SavedModel directory")
     rewrite.add_argument("output", help="where to write the rewritten GraphDef / SavedModel")
-    rewrite.add_argument("--target-dtype", choices=("float16", "bfloat16"))
+    rewrite.add_argument("--target-dtype", choices=("auto", "float16", "bfloat16"))
     rewrite.add_argument("--opt-level", choices=("O0", "O1", "O2", "O3"))
     rewrite.add_argument("--devices", choices=("all", "gpu"), help="eligible devices")
     rewrite.add_argument(
@@ -78,7 +78,7 @@ def _parser() -> argparse.ArgumentParser:
     inspect.set_defaults(handler=_cmd_inspect)
 
     lists = sub.add_parser("lists", help="show the effective op lists")
-    lists.add_argument("--target-dtype", choices=("float16", "bfloat16"))
+    lists.add_argument("--target-dtype", choices=("auto", "float16", "bfloat16"))
     lists.add_argument("--json", action="store_true", help="machine-readable output")
     lists.set_defaults(handler=_cmd_lists)
     return parser
@@ -121,6 +121,8 @@ def _cmd_rewrite(args: argparse.Namespace) -> int:
         if both and os.path.samefile(args.input, args.output):
             raise ValueError("OUT must differ from IN (the GraphDef is copied, not edited)")
         reports = [rewrite_graph_def_file(args.input, args.output, config)]
+    if reports:
+        print(f"target: {reports[0].target_dtype} ({reports[0].target_reason})")
     for i, report in enumerate(reports):
         where = f"MetaGraph {i}: " if len(reports) > 1 else ""
         line = report.summary_line() if report.changed else "nothing to do (graph unchanged)"
@@ -309,6 +311,8 @@ def format_graph_summary(stamp: str, files: dict[str, str], max_islands: int = 5
         return f"== graph {stamp}\n  (empty decisions file {files['decisions']})"
     head, decisions = lines[0], lines[1:]
     out = [f"== graph {stamp}", f"  {head.get('summary', '')}"]
+    if head.get("target_reason"):
+        out.append(f"  target: {head.get('target_dtype')} ({head['target_reason']})")
     if "after" in files:
         after = read_graph_def(files["after"])
         converted = converted_ops_by_type(after)
@@ -426,6 +430,7 @@ def _cmd_lists(args: argparse.Namespace) -> int:
         print(json.dumps({"target_dtype": config.target_dtype, **lists}, indent=2))
         return 0
     print(f"effective lists for {config.target_dtype} (defaults + environment overrides)")
+    print(f"target: {config.target_dtype} ({config.target_reason})")
     if config.level:
         print(f"level: {config.level}")
     for name, ops in lists.items():

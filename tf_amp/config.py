@@ -14,7 +14,7 @@ Environment variables read by ``from_env``:
   UNSAFE_FORCE_ALL;
 - ``TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_LOG_PATH`` or ``TF_AMP_LOG_PATH``: log directory;
 - ``TF_AMP_OPT_LEVEL``: O0 | O1 | O2 | O3;
-- ``TF_AMP_TARGET_DTYPE``: float16 | bfloat16;
+- ``TF_AMP_TARGET_DTYPE``: auto (the default here) | float16 | bfloat16 (see ``tf_amp.hardware``);
 - ``TF_AMP_ELIGIBLE_DEVICES``: all | gpu;
 - ``TF_AMP_EXCLUDE_SCOPES``: comma-separated name scopes kept in float32;
 - ``TF_AMP_CHECK_KERNELS``: 1 | 0 (0 = trust the OpDef, for GPU-targeted rewriting on a
@@ -24,16 +24,21 @@ Environment variables read by ``from_env``:
 from __future__ import annotations
 
 import functools
+import logging
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from tf_amp import hardware
 from tf_amp._flags import parse_flag
 from tf_amp.lists import LEVEL_ENV, LEVELS, OpLists, split_op_names
 
 OPT_LEVELS: tuple[str, ...] = ("O0", "O1", "O2", "O3")
-TARGET_DTYPES: tuple[str, ...] = ("float16", "bfloat16")
+TARGET_DTYPES: tuple[str, ...] = ("auto", "float16", "bfloat16")
+# What a config's target_dtype holds once "auto" is resolved: "float32" = no fast reduced
+# precision on this hardware, so the graph is left unchanged.
+RESOLVED_TARGETS: tuple[str, ...] = ("float16", "bfloat16", "float32")
 ELIGIBLE_DEVICES: tuple[str, ...] = ("all", "gpu")
 LOG_PATH_ENVS: tuple[str, ...] = (
     "TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_LOG_PATH",
@@ -49,12 +54,36 @@ def local_device_type() -> str:
     return "GPU" if tf.config.list_physical_devices("GPU") else "CPU"
 
 
+_LOG = logging.getLogger("tf_amp")
+_ANNOUNCED: set[hardware.TargetChoice] = set()
+
+
+def process_target(announce: bool = True) -> hardware.TargetChoice:
+    """The target this process's environment resolves to (``RewriteConfig.from_env()``), said
+    once per process in plain words: the dtype, whether loss scaling comes with it, and why.
+    What ``enable_mixed_precision_graph_rewrite`` and the environment activation decide by."""
+    config = RewriteConfig.from_env()
+    choice = hardware.TargetChoice(config.target_dtype, config.target_reason)
+    if announce and choice not in _ANNOUNCED:
+        _ANNOUNCED.add(choice)
+        scaling = "with" if choice.needs_loss_scaling else "without"
+        _LOG.info("target %s, %s loss scaling: %s", choice.dtype, scaling, choice.reason)
+    return choice
+
+
 @dataclass(frozen=True)
 class RewriteConfig:
     """What to rewrite and how.
 
     Attributes:
-      target_dtype: "float16" (default) or "bfloat16".
+      target_dtype: "float16" (the default of this explicit, pure constructor), "bfloat16", or
+        "auto": the fastest reduced precision for the device the graph runs on
+        (``tf_amp.hardware.choose_target``: float16 on a CUDA GPU, bfloat16 on a CPU with
+        AMX-BF16 / AVX512-BF16, else "float32", which leaves the graph unchanged). Resolved
+        at construction, so the field always holds the dtype used; ``from_env`` (what every
+        way in uses) defaults to "auto".
+      target_reason: why ``target_dtype`` was chosen, in words (set when resolved; shown in
+        the report and the activation log).
       eligible_devices: "all" treats every node as a candidate (the CPU default, and what the
         tests use); "gpu" only nodes placed on a GPU, like TensorFlow's own pass.
       preserve_nodes: node names never changed (feeds and fetches): their dtypes stay.
@@ -90,6 +119,7 @@ class RewriteConfig:
     """
 
     target_dtype: str = "float16"
+    target_reason: str = ""
     eligible_devices: str = "all"
     preserve_nodes: frozenset[str] = field(default_factory=frozenset)
     preserve_names: bool = False
@@ -110,23 +140,43 @@ class RewriteConfig:
         object.__setattr__(self, "preserve_nodes", nodes)
         object.__setattr__(self, "exclude_scopes", tuple(self.exclude_scopes))
         object.__setattr__(self, "level", self.level.upper())
-        _check_choice("target_dtype", self.target_dtype, TARGET_DTYPES)
+        _check_choice("target_dtype", self.target_dtype, TARGET_DTYPES + ("float32",))
         _check_choice("eligible_devices", self.eligible_devices, ELIGIBLE_DEVICES)
         _check_choice("opt_level", self.opt_level, OPT_LEVELS)
         _check_choice("level", self.level, LEVELS)
         _check_choice("default_device_type", self.default_device_type, ("CPU", "GPU", "auto"))
         if self.default_device_type == "auto":
             object.__setattr__(self, "default_device_type", local_device_type())
+        self._resolve_target()
         if self.lists is not None and not isinstance(self.lists, OpLists):
             raise TypeError(f"lists must be an OpLists or None, got {type(self.lists).__name__}")
 
+    def _resolve_target(self) -> None:
+        """Turns "auto" into the dtype chosen for ``default_device_type``, with its reason."""
+        if self.target_dtype == "auto":
+            choice = hardware.choose_target(self.default_device_type)
+        elif not self.target_reason:
+            choice = hardware.forced_target(self.target_dtype)
+        else:
+            return
+        object.__setattr__(self, "target_dtype", choice.dtype)
+        object.__setattr__(self, "target_reason", choice.reason)
+
+    @property
+    def rewrites(self) -> bool:
+        """False when the target is float32 (no fast reduced precision): nothing to rewrite."""
+        return self.target_dtype != "float32" and self.opt_level != "O0"
+
     def resolved_lists(self) -> OpLists:
         """The lists the painter uses: ``lists`` (or the defaults) with ``level`` applied."""
-        base = self.lists if self.lists is not None else OpLists.default(self.target_dtype)
+        target = self.target_dtype if self.target_dtype != "float32" else "float16"
+        base = self.lists if self.lists is not None else OpLists.default(target)
         return base.with_level(self.level)
 
     def replace(self, **changes: Any) -> RewriteConfig:
-        """A copy with some fields changed (validated again)."""
+        """A copy with some fields changed (validated again; a new target gets a new reason)."""
+        if "target_dtype" in changes and "target_reason" not in changes:
+            changes["target_reason"] = ""
         return replace(self, **changes)
 
     @classmethod
@@ -139,10 +189,10 @@ class RewriteConfig:
         """
         env = os.environ if environ is None else environ
         values: dict[str, Any] = {}
-        target = overrides.get("target_dtype") or _env_choice(
-            env, "TF_AMP_TARGET_DTYPE", TARGET_DTYPES, "float16"
+        requested = overrides.get("target_dtype") or _env_choice(
+            env, "TF_AMP_TARGET_DTYPE", TARGET_DTYPES, "auto"
         )
-        values["target_dtype"] = target
+        values["target_dtype"] = requested
         values["opt_level"] = _env_choice(env, "TF_AMP_OPT_LEVEL", OPT_LEVELS, "O1", upper=True)
         values["eligible_devices"] = _env_choice(
             env, "TF_AMP_ELIGIBLE_DEVICES", ELIGIBLE_DEVICES, "all"
@@ -158,9 +208,18 @@ class RewriteConfig:
         values["check_kernels"] = _env_bool(env, "TF_AMP_CHECK_KERNELS", True)
         overrides = dict(overrides)
         base_lists = overrides.pop("lists", None)
+        if requested == "auto":
+            # The lists depend on the target, and "auto" depends on the device type.
+            device = overrides.get("default_device_type", "auto")
+            probe = cls(target_dtype="auto", default_device_type=device)
+            values["target_dtype"], values["target_reason"] = (
+                probe.target_dtype,
+                probe.target_reason,
+            )
+        lists_target = values["target_dtype"] if values["target_dtype"] != "float32" else "float16"
         try:
             values["lists"] = OpLists.from_env(
-                env, target_dtype=target, base=base_lists, apply_level=False
+                env, target_dtype=lists_target, base=base_lists, apply_level=False
             )
         except ValueError as err:
             raise ValueError(f"Bad list environment variable: {err}") from err

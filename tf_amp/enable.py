@@ -25,6 +25,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from tf_amp.config import process_target
 from tf_amp.optimizers import LossScaleOptimizer, _common, is_keras_optimizer
 
 _LOCK = threading.Lock()
@@ -35,19 +36,28 @@ _INSTALLED_COMPILE_HOOK = False
 
 
 def enable_mixed_precision_graph_rewrite(
-    opt: Any, loss_scale: Any = "dynamic", **kwargs: Any
+    opt: Any, loss_scale: Any = "auto", **kwargs: Any
 ) -> Any:
     """Returns ``opt`` wrapped in a ``tf_amp.LossScaleOptimizer`` and turns the rewrite on.
 
     Args:
       opt: a Keras 3 optimizer or a ``tf.compat.v1.train.Optimizer`` (not yet wrapped).
-      loss_scale: ``"dynamic"``, a number (static) or a ``tf_amp.LossScale``.
+      loss_scale: ``"auto"`` (default): dynamic loss scaling where the target is float16, none
+        where it is bfloat16 (float32's exponent range: nothing underflows, and the scaling
+        work costs 3-8% of a step) or float32; ``"dynamic"``, a number (static) or a
+        ``tf_amp.LossScale`` to ask for scaling whatever the target.
       **kwargs: passed to the wrapper (``enabled``, ``max_consecutive_skips``...).
 
     Raises:
       ValueError: ``opt`` is already loss-scaled (by tf_amp or Keras); pass the original.
       TypeError: ``opt`` is not a supported optimizer; the message says what to pass.
     """
+    if isinstance(loss_scale, str) and loss_scale == "auto":
+        loss_scale = "dynamic"
+        if "enabled" not in kwargs:
+            # A pass-through wrapper (scale 1, no check, no skip) keeps the custom-loop API
+            # (get_scaled_loss...) working and its saved files identical in layout.
+            kwargs["enabled"] = process_target().needs_loss_scaling
     return mark_for_rewrite(LossScaleOptimizer(opt, loss_scale=loss_scale, **kwargs))
 
 

@@ -98,6 +98,8 @@ def write_rewrite_logs(
     put("paintbuckets", f"paintbuckets_AutoMixedPrecision_{stamp}.txt", "\n".join(lines) + "\n")
     head = {
         "summary": report.summary_line(),
+        "target_dtype": report.target_dtype,
+        "target_reason": report.target_reason,
         "type_attrs_converted": report.type_attrs_converted,
         "nodes_before": report.nodes_before,
         "casts_to_half": report.casts_to_half,

@@ -256,8 +256,12 @@ FP16_CLEAR: frozenset[str] = frozenset(
     | _TENSOR_LIST_OPS
 )
 
-# bfloat16 keeps float32's exponent range, so TensorFlow's bf16 lists differ only in the allow
-# list (depthwise and 3D convolutions are fast in bf16 everywhere).
+# bfloat16 lists: TensorFlow 2.21's oneDNN pass (``auto_mixed_precision_onednn_bfloat16``,
+# AutoMixedPrecisionListsMkl), checked against that pass on this project's training graphs
+# (tests/test_differential_bf16.py). bfloat16 keeps float32's exponent range, so the reductions
+# float16 must keep in float32 (Mean, Sum) and the small ops Keras 3's BatchNormalization is
+# built from (Rsqrt, Square, SquaredDifference) may follow their inputs: keeping them float32
+# put a Cast into and out of every convolution of a ResNet-50.
 BF16_ALLOW: frozenset[str] = frozenset(
     {
         "BatchMatMul",
@@ -276,6 +280,14 @@ BF16_ALLOW: frozenset[str] = frozenset(
         "MatMul",
     }
 )
+
+BF16_INFER: frozenset[str] = FP16_INFER | frozenset(
+    {"Mean", "Rsqrt", "Square", "SquaredDifference", "Sum"}
+)
+
+BF16_DENY: frozenset[str] = FP16_DENY - {"Mean", "Sum"}
+
+BF16_CLEAR: frozenset[str] = FP16_CLEAR | frozenset({"ResizeBilinear", "ScatterNd"})
 
 ENV_PREFIX = "TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_"
 LEVEL_ENV = ENV_PREFIX + "LEVEL"
@@ -367,8 +379,9 @@ class OpLists:
         """TensorFlow's default lists for ``target_dtype`` ("float16" or "bfloat16")."""
         if target_dtype not in ("float16", "bfloat16"):
             raise ValueError(f"target_dtype must be 'float16' or 'bfloat16', got {target_dtype!r}")
-        allow = FP16_ALLOW if target_dtype == "float16" else BF16_ALLOW
-        return cls(allow=allow, infer=FP16_INFER, clear=FP16_CLEAR, deny=FP16_DENY)
+        if target_dtype == "float16":
+            return cls(allow=FP16_ALLOW, infer=FP16_INFER, clear=FP16_CLEAR, deny=FP16_DENY)
+        return cls(allow=BF16_ALLOW, infer=BF16_INFER, clear=BF16_CLEAR, deny=BF16_DENY)
 
     def with_level(self, level: str) -> OpLists:
         """Apply TensorFlow's ``..._LEVEL``: TENSOR_CORES_ONLY keeps only the allow list;

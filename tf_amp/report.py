@@ -147,6 +147,7 @@ class RewriteReport:
     """Counts and decisions of one ``rewrite_graph_def`` call (all bodies together)."""
 
     target_dtype: str = "float16"
+    target_reason: str = ""  # why this target (tf_amp.hardware), in words
     opt_level: str = "O1"
     # Counts cover every rewritten body: the main graph plus each library function (TensorFlow
     # prints one line per function instead; the sum is what a user of the whole graph wants).

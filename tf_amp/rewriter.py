@@ -82,6 +82,7 @@ def _rewrite(graph_def: graph_pb2.GraphDef, config: RewriteConfig) -> RewriteRes
     out = _copy_graph_def(graph_def)
     report = RewriteReport(
         target_dtype=config.target_dtype,
+        target_reason=config.target_reason,
         opt_level=config.opt_level,
         check_kernels=config.check_kernels,
         default_device_type=config.default_device_type,
@@ -89,6 +90,10 @@ def _rewrite(graph_def: graph_pb2.GraphDef, config: RewriteConfig) -> RewriteRes
     if config.opt_level == "O0":
         report.nodes_before = len(out.node)
         logger.info("opt level O0, graph left unchanged (nothing to do)")
+        return RewriteResult(out, report)
+    if config.target_dtype == "float32":
+        report.nodes_before = len(out.node)
+        logger.info("target float32, graph left unchanged: %s", config.target_reason)
         return RewriteResult(out, report)
 
     target = DT_HALF if config.target_dtype == "float16" else DT_BFLOAT16

@@ -11,6 +11,13 @@ Variables (read here and nowhere else; each value is 1/0, true/false, yes/no or 
     TF_ENABLE_AUTO_MIXED_PRECISION_GRAPH_REWRITE  the graph rewrite only (overrides the above)
     TF_ENABLE_AUTO_MIXED_PRECISION_LOSS_SCALING   dynamic loss scaling only (overrides the above)
 
+The target decides what ``TF_ENABLE_AUTO_MIXED_PRECISION=1`` alone turns on (resolved once, when
+TensorFlow is imported, by :func:`tf_amp.config.process_target`, and said once in the log):
+float16 gets the rewrite and dynamic loss scaling; bfloat16 the rewrite only (float32's exponent
+range: nothing underflows); float32 (a CPU without fast reduced precision) nothing at all, so an
+unmodified script runs exactly as without tf_amp. The two specific variables still force their
+half on or off whatever the target.
+
 What activation patches (every patch is recorded and :func:`deactivate` restores the original
 attribute exactly; modules not yet imported are patched right after their import, so activation
 at startup does not import TensorFlow):
@@ -62,14 +69,18 @@ _LIBRARY_MODULES = frozenset({"tensorflow", "keras", "tf_keras", "tf_amp", "absl
 
 @dataclass(frozen=True)
 class Settings:
-    """Which halves of automatic mixed precision the environment asks for."""
+    """Which halves of automatic mixed precision the environment asks for.
 
-    graph_rewrite: bool = False
-    loss_scaling: bool = False
+    ``None`` for a half means "where the target needs it" (only ``TF_ENABLE_AUTO_MIXED_PRECISION``
+    was set); :meth:`for_target` turns it into a yes or no.
+    """
+
+    graph_rewrite: bool | None = False
+    loss_scaling: bool | None = False
 
     @property
     def any(self) -> bool:
-        return self.graph_rewrite or self.loss_scaling
+        return self.graph_rewrite is not False or self.loss_scaling is not False
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -78,10 +89,19 @@ class Settings:
         enable = parse_flag(env, ENV_ENABLE)
         rewrite = parse_flag(env, ENV_GRAPH_REWRITE)
         scaling = parse_flag(env, ENV_LOSS_SCALING)
-        default = bool(enable)
+        default = None if enable else False
         return cls(
             graph_rewrite=default if rewrite is None else rewrite,
             loss_scaling=default if scaling is None else scaling,
+        )
+
+    def for_target(self, target: Any) -> Settings:
+        """Settings with every "where needed" half decided for ``target`` (a TargetChoice)."""
+        return Settings(
+            graph_rewrite=target.rewrites if self.graph_rewrite is None else self.graph_rewrite,
+            loss_scaling=(
+                target.needs_loss_scaling if self.loss_scaling is None else self.loss_scaling
+            ),
         )
 
 
@@ -157,11 +177,20 @@ def current() -> Settings | None:
 
 def rewrite_enabled_globally() -> bool:
     """True when the environment activation turned the graph rewrite on for every model."""
-    return _ACTIVE is not None and _ACTIVE.graph_rewrite
+    return _ACTIVE is not None and bool(_resolved(_ACTIVE).graph_rewrite)
 
 
 def loss_scaling_enabled_globally() -> bool:
-    return _ACTIVE is not None and _ACTIVE.loss_scaling
+    return _ACTIVE is not None and bool(_resolved(_ACTIVE).loss_scaling)
+
+
+def _resolved(settings: Settings) -> Settings:
+    """``settings`` with "where the target needs it" decided (imports TensorFlow if needed)."""
+    if settings.graph_rewrite is not None and settings.loss_scaling is not None:
+        return settings
+    from tf_amp.config import process_target
+
+    return settings.for_target(process_target())
 
 
 def activate_from_env(environ: Mapping[str, str] | None = None) -> Settings | None:
@@ -186,10 +215,13 @@ def activate(settings: Settings | None = None) -> Settings:
             _patch_tensorflow(sys.modules["tensorflow"])
         if "keras" in sys.modules:
             _patch_keras(sys.modules["keras"])
+    def word(half: bool | None) -> str:
+        return "where the target needs it" if half is None else ("on" if half else "off")
+
     _LOG.info(
         "automatic mixed precision activated (graph rewrite: %s, loss scaling: %s)",
-        "on" if settings.graph_rewrite else "off",
-        "on" if settings.loss_scaling else "off",
+        word(settings.graph_rewrite),
+        word(settings.loss_scaling),
     )
     return settings
 
@@ -233,12 +265,34 @@ def activated(settings: Settings | None = None) -> Iterator[Settings]:
 # --------------------------------------------------------------------------- the patches
 
 
+def _resolve_active() -> Settings:
+    """Decides the "where needed" halves of the active settings, once TensorFlow is loaded,
+    and says what was decided and why (once)."""
+    global _ACTIVE
+    assert _ACTIVE is not None
+    if _ACTIVE.graph_rewrite is not None and _ACTIVE.loss_scaling is not None:
+        return _ACTIVE
+    from tf_amp.config import process_target
+
+    target = process_target(announce=False)
+    _ACTIVE = _ACTIVE.for_target(target)
+    _LOG.info(
+        "automatic mixed precision for target %s: graph rewrite: %s, loss scaling: %s (%s)",
+        target.dtype,
+        "on" if _ACTIVE.graph_rewrite else "off",
+        "on" if _ACTIVE.loss_scaling else "off",
+        target.reason,
+    )
+    return _ACTIVE
+
+
 def _patch_tensorflow(tf: Any) -> None:
     with _LOCK:
         if _ACTIVE is None or "tensorflow" in _PATCHED_MODULES:
             return
         _PATCHED_MODULES.add("tensorflow")
-        if _ACTIVE.graph_rewrite:
+        settings = _resolve_active()
+        if settings.graph_rewrite:
             from tensorflow.python.training import session_manager
 
             from tf_amp.runtime.session import InteractiveSession, Session, SessionModuleShim
@@ -247,7 +301,7 @@ def _patch_tensorflow(tf: Any) -> None:
             _PATCHES.set(tf.compat.v1, "Session", Session)
             _PATCHES.set(tf.compat.v1, "InteractiveSession", InteractiveSession)
             _PATCHES.set(session_manager, "session", SessionModuleShim(session_manager.session))
-        if _ACTIVE.loss_scaling:
+        if settings.loss_scaling:
             from tf_amp.runtime import auto_loss_scale
 
             v1_optimizer = tf.compat.v1.train.Optimizer
@@ -283,11 +337,14 @@ def _patch_keras(keras: Any) -> None:
         if _ACTIVE is None or "keras" in _PATCHED_MODULES:
             return
         _PATCHED_MODULES.add("keras")
+        settings = _resolve_active()
+        if not (settings.graph_rewrite or settings.loss_scaling):
+            return
         from tf_amp.runtime import keras_fit
 
         owner = keras_fit.compile_owner()  # Keras's Trainer: see compile_owner for why
         _PATCHES.set(owner, "compile", keras_fit.compile_patch(owner.compile))
-        if _ACTIVE.loss_scaling:
+        if settings.loss_scaling:
             from keras.src.optimizers import base_optimizer
 
             from tf_amp.runtime import auto_loss_scale

@@ -262,9 +262,29 @@ class Function:
             cached = self._cache.get(key)
             if cached is not None and cached[0] is original:
                 return cached[1]
-            rebuilt = rebuild_concrete_function(original, self._rewrite_fn(), self._jit_compile)
+            if self._keeps_float32():
+                rebuilt = original  # nothing would change: no rebuild, no cost
+            else:
+                rebuilt = rebuild_concrete_function(
+                    original, self._rewrite_fn(), self._jit_compile
+                )
             self._cache[key] = (original, rebuilt)
             return rebuilt
+
+    def _keeps_float32(self) -> bool:
+        """True when the target is float32 (no fast reduced precision here, or O0): the traced
+        function runs as it is, and a report says why."""
+        if self._rewrite is not None:
+            return False  # a caller-supplied rewrite decides for itself
+        from tf_amp.config import RewriteConfig
+        from tf_amp.report import RewriteReport
+
+        config = self._rewrite_config or RewriteConfig.from_env()
+        if config.rewrites:
+            return False
+        reason = config.target_reason if config.opt_level != "O0" else "opt level O0"
+        self.reports.append(RewriteReport(target_dtype=config.target_dtype, target_reason=reason))
+        return True
 
     def concrete_functions(self) -> list[Any]:
         """The rewritten concrete functions built so far (one per traced input signature)."""
