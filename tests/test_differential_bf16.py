@@ -1,0 +1,81 @@
+"""Differential tests for the bfloat16 target: our rewrite vs TensorFlow's oneDNN pass.
+
+Oracle: ``tf_optimizer.OptimizeGraph`` with only ``auto_mixed_precision_onednn_bfloat16`` (the
+pass ``tf.config.optimizer.set_experimental_options({"auto_mixed_precision_onednn_bfloat16":
+True})`` turns on), on the training-step graphs of ``tf_amp._model_graphs``. Our bfloat16
+lists are TensorFlow's oneDNN lists, and TensorFlow runs its "infer op directly following an
+allow op" pass in this mode too, so with Const folding off (TensorFlow casts Consts; we fold
+them, a measured choice) every float32 vertex must get the same dtype and every Cast must match.
+
+TensorFlow runs the pass only with its oneDNN kernels on (the suite turns them off for
+determinism, so the oracle runs in a subprocess with TensorFlow's default) and where oneDNN can
+run bfloat16 (a CPU with AVX512-BF16 or AMX, or AVX-512 for its emulation); elsewhere the pass
+leaves the graph alone and the tests skip, saying so.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tensorflow.core.framework import graph_pb2
+
+from tf_amp import _model_graphs, _oracle
+from tf_amp.config import RewriteConfig
+from tf_amp.rewriter import rewrite_graph_def
+from tf_amp.runtime._graphdef import grappler_request
+
+GRAPHS = ["keras_cnn", "transformer", "tf1_while_momentum"]
+
+
+_ORACLE = """
+import sys
+from tensorflow.core.protobuf import config_pb2, meta_graph_pb2
+from tensorflow.python.grappler import tf_optimizer
+config, meta = config_pb2.ConfigProto(), meta_graph_pb2.MetaGraphDef()
+config.ParseFromString(open(sys.argv[1], "rb").read())
+meta.ParseFromString(open(sys.argv[2], "rb").read())
+open(sys.argv[3], "wb").write(tf_optimizer.OptimizeGraph(config, meta).SerializeToString())
+"""
+
+
+def tensorflow_bf16_pass(model: _model_graphs.ModelGraph, tmp: Path) -> graph_pb2.GraphDef:
+    """TensorFlow's oneDNN bfloat16 pass on ``model``, run with oneDNN as TensorFlow defaults."""
+    config, meta = grappler_request(
+        model.graph_def, model.fetches, ["auto_mixed_precision_onednn_bfloat16"]
+    )
+    paths = [tmp / "config.pb", tmp / "meta.pb", tmp / "out.pb"]
+    paths[0].write_bytes(config.SerializeToString())
+    paths[1].write_bytes(meta.SerializeToString())
+    env = {k: v for k, v in os.environ.items() if k != "TF_ENABLE_ONEDNN_OPTS"}
+    subprocess.run(
+        [sys.executable, "-c", _ORACLE, *map(str, paths)], env=env, check=True, timeout=300
+    )
+    out = graph_pb2.GraphDef()
+    out.ParseFromString(paths[2].read_bytes())
+    return out
+
+
+@pytest.mark.parametrize("name", GRAPHS)
+def test_bfloat16_painting_equals_tensorflows_onednn_pass(name: str, tmp_path: Path) -> None:
+    model = _model_graphs.ALL_BUILDERS[name]()
+    theirs = tensorflow_bf16_pass(model, tmp_path)
+    if not _oracle.count_new_casts(model.graph_def, theirs)["to_half"]:
+        pytest.skip("TensorFlow's oneDNN bfloat16 pass does not run on this CPU")
+    config = RewriteConfig(
+        target_dtype="bfloat16",
+        preserve_nodes=frozenset(model.fetches),
+        infer_follows_allow=True,
+        fold_constant_casts=False,
+    )
+    ours = rewrite_graph_def(model.graph_def, config).graph_def
+    comparison = _oracle.compare(model.graph_def, ours, theirs)
+    print(f"\n{name}: {comparison.vertices} float32 vertices, {comparison.differing} differ; "
+          f"casts ours {comparison.ours_casts} vs TF {comparison.tf_casts}")
+    assert comparison.vertices > 50
+    assert comparison.only_ours_half == []
+    assert comparison.only_tf_half == []
+    assert comparison.ours_casts == comparison.tf_casts
