@@ -66,6 +66,9 @@ def _parser() -> argparse.ArgumentParser:
     rewrite.add_argument("--exclude-scope", action="append", default=[], help="keep float32")
     rewrite.add_argument("--log-dir", help="write before/after graphs and decisions here")
     rewrite.add_argument(
+        "--probe", action="store_true", help="time allow/infer ops first; keep slow ones float32"
+    )
+    rewrite.add_argument(
         "--no-kernel-check",
         action="store_true",
         help="trust the OpDef (rewrite for a GPU on a machine without GPU kernels)",
@@ -81,6 +84,14 @@ def _parser() -> argparse.ArgumentParser:
     lists.add_argument("--target-dtype", choices=("auto", "float16", "bfloat16"))
     lists.add_argument("--json", action="store_true", help="machine-readable output")
     lists.set_defaults(handler=_cmd_lists)
+
+    probe = sub.add_parser(
+        "probe", help="time a GraphDef's allow/infer ops in float32 and in the target here"
+    )
+    probe.add_argument("input", help="GraphDef file (.pb / .pbtxt)")
+    probe.add_argument("--target-dtype", choices=("auto", "float16", "bfloat16"))
+    probe.add_argument("--repeats", type=int, default=5, help="interleaved rounds per op")
+    probe.set_defaults(handler=_cmd_probe)
     return parser
 
 
@@ -107,6 +118,8 @@ def _config_from_args(args: argparse.Namespace) -> Any:
         overrides["log_dir"] = args.log_dir
     if args.no_kernel_check:
         overrides["check_kernels"] = False
+    if args.probe:
+        overrides["probe"] = True
     return RewriteConfig.from_env(**overrides)
 
 
@@ -418,6 +431,31 @@ def _all_nodes(graph_def: Any) -> Iterable[Any]:
 
 
 # --------------------------------------------------------------------------- lists
+
+
+def _cmd_probe(args: argparse.Namespace) -> int:
+    from tf_amp import probe
+    from tf_amp.config import RewriteConfig
+
+    overrides = {"target_dtype": args.target_dtype} if args.target_dtype else {}
+    config = RewriteConfig.from_env(**overrides)
+    print(f"target: {config.target_dtype} ({config.target_reason})")
+    if not config.rewrites:
+        print("nothing to time: the target is float32")
+        return 0
+    graph_def = read_graph_def(args.input)
+    lists = config.resolved_lists()
+    categories = {op: lists.category(op) for op in {n.op for n in graph_def.node}}
+    timings = probe.probe_graph(graph_def, config.target_dtype, categories, args.repeats)
+    print(f"{'op at its input shapes':<60} {'list':<6} {'float32':>10} "
+          f"{config.target_dtype:>10} {'ratio':>6}  nodes  decision")
+    for t in sorted(timings, key=lambda t: -t.float32_s):
+        decision = "keep float32" if t.keep_float32 else config.target_dtype
+        print(f"{t.signature.describe()[:60]:<60} {t.category:<6} {t.float32_s * 1e3:>8.3f}ms "
+              f"{t.reduced_s * 1e3:>8.3f}ms {t.ratio:>6.2f}  {len(t.nodes):>5}  {decision}")
+    slow = probe.slow_nodes(timings)
+    print(f"{len(timings)} op signatures timed; {len(slow)} node(s) kept float32")
+    return 0
 
 
 def _cmd_lists(args: argparse.Namespace) -> int:

@@ -17,6 +17,7 @@ Environment variables read by ``from_env``:
 - ``TF_AMP_TARGET_DTYPE``: auto (the default here) | float16 | bfloat16 (see ``tf_amp.hardware``);
 - ``TF_AMP_ELIGIBLE_DEVICES``: all | gpu;
 - ``TF_AMP_EXCLUDE_SCOPES``: comma-separated name scopes kept in float32;
+- ``TF_AMP_PROBE``: 1 | 0 (time the allow/infer ops at their shapes first: ``tf_amp.probe``);
 - ``TF_AMP_CHECK_KERNELS``: 1 | 0 (0 = trust the OpDef, for GPU-targeted rewriting on a
   machine whose TensorFlow has no GPU kernels).
 """
@@ -112,6 +113,12 @@ class RewriteConfig:
         nodes). Measured (bench/rewrite_speed.py --const-fold, frozen 4-conv CNN): GraphDef
         49% smaller, no Cast nodes, step time equal within noise (Grappler would fold the
         Cast at run time anyway), rewrite +1 ms. It wins, so it is the default.
+      probe: before painting, time every allow / infer op of the main graph at its own
+        shapes in float32 and in the target on this machine (``tf_amp.probe``) and keep
+        float32 those that are not faster. Costs seconds per rewrite; worth it where the
+        reduced kernels' speed is not known (a new CPU, float16 on a CPU).
+      slow_nodes: main-graph node names kept float32 because they were measured slower in
+        the target (what ``probe`` finds; may also be given directly).
       infer_follows_allow: also run TensorFlow's CPU-mode pass AddInferToAllowIfFollowAllow
         (an infer op fed directly by a half op and by no deny op turns half). This is what
         ``auto_mixed_precision_cpu`` does; the CUDA pass and our default do not, since the
@@ -133,12 +140,15 @@ class RewriteConfig:
     rewrite_functions: bool = True
     fold_constant_casts: bool = True
     infer_follows_allow: bool = False
+    probe: bool = False
+    slow_nodes: frozenset[str] = field(default_factory=frozenset)
 
     def __post_init__(self) -> None:
         # Accept tensor names too ("loss:0", "^train"): preservation is per node.
         nodes = frozenset(n.lstrip("^").split(":")[0] for n in self.preserve_nodes)
         object.__setattr__(self, "preserve_nodes", nodes)
         object.__setattr__(self, "exclude_scopes", tuple(self.exclude_scopes))
+        object.__setattr__(self, "slow_nodes", frozenset(self.slow_nodes))
         object.__setattr__(self, "level", self.level.upper())
         _check_choice("target_dtype", self.target_dtype, TARGET_DTYPES + ("float32",))
         _check_choice("eligible_devices", self.eligible_devices, ELIGIBLE_DEVICES)
@@ -206,6 +216,7 @@ class RewriteConfig:
         if scopes:
             values["exclude_scopes"] = tuple(scopes)
         values["check_kernels"] = _env_bool(env, "TF_AMP_CHECK_KERNELS", True)
+        values["probe"] = _env_bool(env, "TF_AMP_PROBE", False)
         overrides = dict(overrides)
         base_lists = overrides.pop("lists", None)
         if requested == "auto":

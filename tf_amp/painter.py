@@ -225,9 +225,11 @@ class Painter:
         config: RewriteConfig,
         lists: OpLists,
         preserve: frozenset[str] = frozenset(),
+        slow: frozenset[str] = frozenset(),
     ) -> None:
         self.view = view
         self.config = config
+        self.slow = slow  # nodes measured slower in the target (tf_amp.probe): kept float32
         self.lists = lists
         self.preserve = preserve
         self.target = DT_HALF if config.target_dtype == "float16" else DT_BFLOAT16
@@ -270,6 +272,8 @@ class Painter:
                 block = "unknown-op"
             elif name in self.preserve:
                 block = "preserved"
+            elif name in self.slow:
+                block = "measured-slow"
             elif op in PINNED_OPS or info.touches_state:
                 block = "state"
             elif op in DTYPE_BOUND_OPS:

@@ -82,6 +82,8 @@ _BLOCK_TEXT: dict[str, str] = {
     "float32-view": "the float32 view an earlier name-preserving rewrite left under the old "
     "name of an op it turned half: kept float32",
     "device": "not placed on a GPU (eligible_devices='gpu'): not processed",
+    "measured-slow": "op {op} measured slower in the target than in float32 at its shapes on "
+    "this machine (tf_amp.probe): kept float32",
 }
 
 _PASS = {
@@ -165,6 +167,7 @@ class RewriteReport:
     bodies: list[BodyRecord] = field(default_factory=list, repr=False)
     check_kernels: bool = True
     default_device_type: str = "CPU"
+    probe_timings: list[Any] = field(default_factory=list, repr=False)  # tf_amp.probe.OpTiming
     lists_used: dict[str, list[str]] = field(default_factory=dict, repr=False)
     _decisions: list[VertexDecision] | None = field(default=None, repr=False)
     _index: dict[tuple[str, str, str], VertexDecision] | None = field(default=None, repr=False)

@@ -78,6 +78,23 @@ def rewrite_graph_def(
             gc.enable()
 
 
+def _probe(
+    graph_def: graph_pb2.GraphDef, config: RewriteConfig, lists: Any, report: RewriteReport
+) -> RewriteConfig:
+    """Times the main graph's allow/infer ops (``tf_amp.probe``); the slow ones join
+    ``slow_nodes``. A graph the probe cannot import is painted without it, and says so."""
+    from tf_amp import probe
+
+    categories = {op: lists.category(op) for op in {n.op for n in graph_def.node}}
+    try:
+        timings = probe.probe_graph(graph_def, config.target_dtype, categories)
+    except (ValueError, TypeError) as err:
+        logger.warning("probe skipped: the graph could not be timed op by op (%s)", err)
+        return config
+    report.probe_timings = timings
+    return config.replace(slow_nodes=config.slow_nodes | probe.slow_nodes(timings))
+
+
 def _rewrite(graph_def: graph_pb2.GraphDef, config: RewriteConfig) -> RewriteResult:
     out = _copy_graph_def(graph_def)
     report = RewriteReport(
@@ -99,6 +116,8 @@ def _rewrite(graph_def: graph_pb2.GraphDef, config: RewriteConfig) -> RewriteRes
     target = DT_HALF if config.target_dtype == "float16" else DT_BFLOAT16
     lists = config.resolved_lists()
     report.lists_used = lists.as_dict()
+    if config.probe:
+        config = _probe(graph_def, config, lists, report)
     functions: dict[str, OpInfo] = {
         f.signature.name: function_op_info(f) for f in out.library.function
     }
@@ -121,7 +140,8 @@ def _rewrite(graph_def: graph_pb2.GraphDef, config: RewriteConfig) -> RewriteRes
 
     for (name, container, _fdef), view in zip(bodies, views, strict=False):
         preserve = config.preserve_nodes if not name else frozenset()
-        painting = Painter(view, config, lists, preserve).paint()
+        slow = config.slow_nodes if not name else frozenset()
+        painting = Painter(view, config, lists, preserve, slow).paint()
         report.nodes_before += view.num_real
         for n in view.unknown_ops:
             report.unknown_ops.append((name, view.names[n], view.ops[n]))

@@ -1,0 +1,92 @@
+"""The probe (``tf_amp.probe``): ops timed at their own shapes, the slow ones kept float32.
+
+The decisions are tested with a timer that declares an op slow (deterministic); one test
+times for real, to check what is timed and that the figures are measurements.
+"""
+
+from __future__ import annotations
+
+import pytest
+import tensorflow as tf
+
+from tf_amp import probe
+from tf_amp.cli import main as cli_main
+from tf_amp.config import RewriteConfig
+from tf_amp.lists import OpLists
+from tf_amp.rewriter import rewrite_graph_def
+
+BF16 = tf.bfloat16.as_datatype_enum
+
+
+def step_graph() -> tf.compat.v1.GraphDef:
+    #   x[8,16,16,4] -> Conv2D -> Reshape -> MatMul(a) -> Relu -> MatMul(b) -> Sum
+    #                                          w1 [1024,64]          w2 [64,64]
+    # MatMul a and b have different shapes: two signatures. MatMul c repeats b's shapes.
+    @tf.function
+    def f(x, k, w1, w2):
+        h = tf.reshape(tf.nn.conv2d(x, k, 1, "SAME", name="conv"), [8, 1024])
+        h = tf.nn.relu(tf.matmul(h, w1, name="matmul_a"))
+        h = tf.matmul(h, w2, name="matmul_b") + tf.matmul(h, w2, name="matmul_c")
+        return tf.reduce_sum(h)
+
+    specs = [tf.TensorSpec(s) for s in ([8, 16, 16, 4], [3, 3, 4, 4], [1024, 64], [64, 64])]
+    return f.get_concrete_function(*specs).graph.as_graph_def()
+
+
+def categories(graph_def, target="bfloat16") -> dict[str, str]:
+    lists = OpLists.default(target)
+    return {n.op: lists.category(n.op) for n in graph_def.node if lists.category(n.op)}
+
+
+def declared(slow_op: str, factor: float):
+    """A timer: every op takes 1 ms in float32; ``slow_op`` takes ``factor`` ms reduced, the
+    others half a millisecond."""
+
+    def timer(signature: probe.Signature, dtype: str) -> float:
+        if dtype == "float32":
+            return 1e-3
+        return factor * 1e-3 if signature.op == slow_op else 0.5e-3
+
+    return timer
+
+
+def test_an_allow_op_declared_slow_stays_float32_with_the_reason() -> None:
+    graph_def = step_graph()
+    timings = probe.probe_graph(graph_def, "bfloat16", categories(graph_def),
+                                timer=declared("Conv2D", 3.0))
+    by_op = {t.signature.op: t for t in timings if t.category == "allow"}
+    assert by_op["Conv2D"].keep_float32 and by_op["Conv2D"].ratio == pytest.approx(3.0)
+    assert not by_op["MatMul"].keep_float32
+    slow = probe.slow_nodes(timings)
+    assert any("conv" in name for name in slow) and not any("matmul" in n for n in slow)
+    result = rewrite_graph_def(graph_def, RewriteConfig(target_dtype="bfloat16", slow_nodes=slow))
+    nodes = {n.name: n for n in result.graph_def.node}
+    (conv,) = (n for n in nodes.values() if n.op == "Conv2D")
+    assert conv.attr["T"].type == tf.float32.as_datatype_enum
+    assert all(n.attr["T"].type == BF16 for n in nodes.values() if n.op == "MatMul")
+    decision = result.report.decision_for(conv.name)
+    assert "measured slower" in decision.reason and decision.dtype == "float32"
+
+
+@pytest.mark.parametrize(("factor", "kept"), [(1.4, False), (1.6, True)])
+def test_an_infer_op_stays_float32_only_when_much_slower(factor: float, kept: bool) -> None:
+    graph_def = step_graph()
+    timings = probe.probe_graph(graph_def, "bfloat16", categories(graph_def),
+                                timer=declared("AddV2", factor))
+    (add,) = (t for t in timings if t.signature.op == "AddV2")
+    assert add.category == "infer" and add.keep_float32 is kept
+
+
+def test_real_timings_one_per_signature(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
+    graph_def = step_graph()
+    timings = probe.probe_graph(graph_def, "bfloat16", categories(graph_def), repeats=2)
+    matmuls = sorted((t for t in timings if t.signature.op == "MatMul"), key=lambda t: t.nodes)
+    assert [len(t.nodes) for t in matmuls] == [1, 2]  # b and c share a signature
+    assert {t.signature.op for t in timings} >= {"Conv2D", "MatMul", "AddV2"}
+    assert all(t.float32_s > 0 and t.reduced_s > 0 for t in timings)
+    path = tmp_path / "step.pb"
+    path.write_bytes(graph_def.SerializeToString())
+    assert cli_main(["probe", str(path), "--target-dtype", "bfloat16", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "target: bfloat16" in out and "MatMul[[8, 1024], [1024, 64]]" in out
+    assert "op signatures timed" in out

@@ -1,0 +1,232 @@
+"""The probe: time each allow / infer op of a graph at its own shapes, in float32 and in the
+target, on this machine, and keep float32 the ones that are not faster.
+
+Why: a reduced-precision kernel that is *registered* is not always a *fast* one. On CPUs,
+oneDNN runs some float16 ops with its reference kernels (a float16 Conv2DBackpropFilter ran
+50-130x slower than float32 on a Xeon), and a small MatMul gains nothing from bfloat16 while
+its casts still cost. The op lists cannot know this; a measurement on the machine can.
+
+How: the graph is imported once to read every candidate op's input shapes (ops whose float
+inputs have fully known shapes and whose other inputs are constants: a traced ``tf.function``
+step has them). Ops with the same type, attributes and input shapes are timed once. Each is
+rebuilt alone in a small graph, fed from variables (so nothing is constant-folded), once with
+its float type attributes in float32 and once in the target, and the two are run in
+interleaved rounds; the median time per run of each is kept.
+
+Decision: an allow-list op stays float32 when its reduced kernel is not faster (it is there
+only for speed); an infer or clear op only when its reduced kernel is much slower
+(``INFER_SLOWDOWN``x), because keeping it float32 between reduced-precision neighbours costs a
+cast pair, which an equal-speed elementwise kernel does not repay. Times are net of the
+session's own cost per run (a no-op's run time, measured in the same rounds).
+
+Used by ``RewriteConfig(probe=True)`` / ``TF_AMP_PROBE=1`` (the rewrite probes the graph it is
+given) and ``tf-amp probe GRAPH`` (prints the table).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2, graph_pb2, types_pb2
+from tensorflow.python.framework import tensor_util
+
+INFER_SLOWDOWN = 1.5  # an infer op stays float32 only when this many times slower...
+INFER_MIN_LOSS_S = 20e-6  # ...and slower by at least this much per run (else it is noise)
+_DTYPES = {"float16": types_pb2.DT_HALF, "bfloat16": types_pb2.DT_BFLOAT16}
+# Attributes that say where or how a node was built, not what it computes.
+_IGNORED_ATTRS = frozenset({"_class", "_output_shapes", "_tf_amp_exclude", "_XlaCompile"})
+
+# (signature, dtype name) -> seconds per run: replaces the measurement (tests, replays).
+Timer = Callable[["Signature", str], float]
+
+
+@dataclass(frozen=True)
+class Signature:
+    """What an op computes, up to its float type: op type, input shapes, other attrs."""
+
+    op: str
+    shapes: tuple[tuple[int, ...], ...]  # of the float inputs, in input order
+    key: bytes  # attrs (float types left out) and constant inputs, serialised
+
+    def describe(self) -> str:
+        return f"{self.op}{list(map(list, self.shapes))}"
+
+
+@dataclass(frozen=True)
+class OpTiming:
+    """One timed signature and the nodes that share it."""
+
+    signature: Signature
+    nodes: tuple[str, ...]
+    float32_s: float
+    reduced_s: float
+    category: str  # "allow" / "infer"
+
+    @property
+    def ratio(self) -> float:
+        """Reduced-precision time over float32 time (below 1: reduced is faster)."""
+        return self.reduced_s / self.float32_s if self.float32_s > 0 else float("inf")
+
+    @property
+    def keep_float32(self) -> bool:
+        if self.category == "allow":
+            return self.ratio >= 1.0
+        return self.ratio >= INFER_SLOWDOWN and self.reduced_s - self.float32_s >= INFER_MIN_LOSS_S
+
+
+@dataclass
+class _Candidate:
+    op: tf.Operation
+    signature: Signature
+    float_inputs: list[int]  # input positions fed from variables
+    constants: dict[int, np.ndarray]  # the other inputs' values
+
+
+def probe_graph(
+    graph_def: graph_pb2.GraphDef,
+    target_dtype: str,
+    categories: dict[str, str],
+    repeats: int = 5,
+    timer: Timer | None = None,
+) -> list[OpTiming]:
+    """Times every op of ``graph_def``'s main graph whose type ``categories`` maps to "allow"
+    or "infer", once per signature. Ops whose shapes are not all known are skipped. (Clear
+    ops move data; they cost about as much in any float type and time at the noise level.)"""
+    if target_dtype not in _DTYPES:
+        raise ValueError(f"the probe times float16 or bfloat16, not {target_dtype!r}")
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.graph_util.import_graph_def(graph_def, name="")
+    groups: dict[Signature, list[_Candidate]] = {}
+    for op in graph.get_operations():
+        if categories.get(op.type) in ("allow", "infer"):
+            candidate = _candidate(op)
+            if candidate is not None:
+                groups.setdefault(candidate.signature, []).append(candidate)
+    timings = []
+    for signature, members in groups.items():
+        if timer is not None:
+            f32, reduced = timer(signature, "float32"), timer(signature, target_dtype)
+        else:
+            f32, reduced = _measure(members[0], target_dtype, repeats)
+        timings.append(
+            OpTiming(signature, tuple(c.op.name for c in members), f32, reduced,
+                     categories[signature.op])
+        )
+    return timings
+
+
+def slow_nodes(timings: Iterable[OpTiming]) -> frozenset[str]:
+    """Names of the nodes the probe keeps float32."""
+    return frozenset(name for t in timings if t.keep_float32 for name in t.nodes)
+
+
+def _candidate(op: tf.Operation) -> _Candidate | None:
+    float_inputs, constants, shapes = [], {}, []
+    for i, tensor in enumerate(op.inputs):
+        if tensor.dtype == tf.float32:
+            if not tensor.shape.is_fully_defined():
+                return None
+            float_inputs.append(i)
+            shapes.append(tuple(tensor.shape.as_list()))
+        elif tensor.dtype == tf.resource:
+            return None
+        else:
+            value = _static_value(tensor)
+            if value is None:
+                return None
+            constants[i] = np.asarray(value)
+    if not float_inputs:
+        return None
+    node = op.node_def
+    attrs = sorted(
+        (k, v.SerializeToString(deterministic=True))
+        for k, v in node.attr.items()
+        if k not in _IGNORED_ATTRS and v.type != types_pb2.DT_FLOAT
+    )
+    key = repr((attrs, [(i, v.tobytes(), v.shape) for i, v in sorted(constants.items())]))
+    return _Candidate(op, Signature(op.type, tuple(shapes), key.encode()), float_inputs, constants)
+
+
+def _static_value(tensor: tf.Tensor) -> np.ndarray | None:
+    """A constant input's value; also the shape a Shape/ShapeN of a fully known tensor gives
+    (the ``input_sizes`` / ``filter_sizes`` of a convolution's gradient)."""
+    value = tensor_util.constant_value(tensor)
+    if value is not None:
+        return value
+    producer = tensor.op
+    if producer.type in ("Shape", "ShapeN"):
+        source = producer.inputs[tensor.value_index if producer.type == "ShapeN" else 0]
+        if source.shape.is_fully_defined():
+            return np.asarray(source.shape.as_list(), tensor.dtype.as_numpy_dtype)
+    return None
+
+
+def _measure(candidate: _Candidate, target_dtype: str, repeats: int) -> tuple[float, float]:
+    """Median seconds per run of the op alone, in float32 and in the target, interleaved."""
+    graph = tf.Graph()
+    runs: dict[str, list[float]] = {"float32": [], target_dtype: []}
+    fetches = {}
+    with graph.as_default():
+        rng = np.random.default_rng(0)
+        for dtype in runs:
+            fetches[dtype] = _rebuild(candidate, dtype, rng)
+        init = tf.compat.v1.global_variables_initializer()
+        fetches["overhead"] = tf.no_op()
+    runs["overhead"] = []
+    with tf.compat.v1.Session(graph=graph) as session:
+        session.run(init)
+        for fetch in fetches.values():
+            session.run(fetch)  # first run: kernel selection, allocations
+        inner = _runs_per_sample(session, fetches["float32"])
+        for _ in range(repeats):
+            for dtype, fetch in fetches.items():
+                start = time.perf_counter()
+                for _ in range(inner):
+                    session.run(fetch)
+                runs[dtype].append((time.perf_counter() - start) / inner)
+    overhead = statistics.median(runs["overhead"])
+    f32, reduced = statistics.median(runs["float32"]), statistics.median(runs[target_dtype])
+    return max(f32 - overhead, 1e-7), max(reduced - overhead, 1e-7)
+
+
+def _runs_per_sample(session: tf.compat.v1.Session, fetch: tf.Operation) -> int:
+    """Enough runs per sample for about 20 ms, so tiny ops are not all timer noise."""
+    start = time.perf_counter()
+    session.run(fetch)
+    once = max(time.perf_counter() - start, 1e-6)
+    return int(min(50, max(1, 0.02 // once)))
+
+
+def _rebuild(candidate: _Candidate, dtype: str, rng: np.random.Generator) -> tf.Operation:
+    """The candidate's op alone in the default graph, its float attrs set to ``dtype``."""
+    target = tf.as_dtype(dtype)
+    inputs = []
+    for i, tensor in enumerate(candidate.op.inputs):
+        if i in candidate.constants:
+            inputs.append(tf.constant(candidate.constants[i]))
+            continue
+        value = rng.standard_normal(tensor.shape.as_list()).astype(np.float32) * 0.1
+        variable = tf.Variable(tf.cast(value, target))
+        inputs.append(variable.read_value())
+    attrs = {}
+    for name, value in candidate.op.node_def.attr.items():
+        if name in _IGNORED_ATTRS:
+            continue
+        copy = attr_value_pb2.AttrValue()
+        copy.CopyFrom(value)
+        if copy.type == types_pb2.DT_FLOAT:
+            copy.type = target.as_datatype_enum
+        elif copy.list.type:
+            copy.list.type[:] = [
+                target.as_datatype_enum if t == types_pb2.DT_FLOAT else t for t in copy.list.type
+            ]
+        attrs[name] = copy
+    graph = tf.compat.v1.get_default_graph()
+    op = graph.create_op(candidate.op.type, inputs, attrs=attrs, name=f"probe_{dtype}")
+    return op
