@@ -8,7 +8,9 @@ its casts still cost. The op lists cannot know this; a measurement on the machin
 
 How: the graph is imported once to read every candidate op's input shapes (ops whose float
 inputs have fully known shapes and whose other inputs are constants: a traced ``tf.function``
-step has them). Ops with the same type, attributes and input shapes are timed once. Each is
+step has them; a GraphDef keeps the shapes of variable reads only with
+``as_graph_def(add_shapes=True)``, which the runtime writes when the probe is on). Ops with
+the same type, attributes and input shapes are timed once. Each is
 rebuilt alone in a small graph, fed from variables (so nothing is constant-folded), once with
 its float type attributes in float32 and once in the target, and the two are run in
 interleaved rounds; the median time per run of each is kept.
@@ -126,14 +128,29 @@ def slow_nodes(timings: Iterable[OpTiming]) -> frozenset[str]:
     return frozenset(name for t in timings if t.keep_float32 for name in t.nodes)
 
 
+def _known_shape(tensor: tf.Tensor) -> tf.TensorShape:
+    """The tensor's static shape, completed from its producer's ``_output_shapes`` attr (which
+    ``as_graph_def(add_shapes=True)`` writes; a variable read's shape is lost otherwise)."""
+    shape = tensor.shape
+    if shape.is_fully_defined():
+        return shape
+    try:
+        recorded = tensor.op.get_attr("_output_shapes")[tensor.value_index]
+    except (ValueError, IndexError):
+        return shape
+    return shape.merge_with(tf.TensorShape(recorded)) if shape.is_compatible_with(
+        tf.TensorShape(recorded)) else shape
+
+
 def _candidate(op: tf.Operation) -> _Candidate | None:
     float_inputs, constants, shapes = [], {}, []
     for i, tensor in enumerate(op.inputs):
         if tensor.dtype == tf.float32:
-            if not tensor.shape.is_fully_defined():
+            shape = _known_shape(tensor)
+            if not shape.is_fully_defined():
                 return None
             float_inputs.append(i)
-            shapes.append(tuple(tensor.shape.as_list()))
+            shapes.append(tuple(shape.as_list()))
         elif tensor.dtype == tf.resource:
             return None
         else:
@@ -211,7 +228,7 @@ def _rebuild(candidate: _Candidate, dtype: str, rng: np.random.Generator) -> tf.
         if i in candidate.constants:
             inputs.append(tf.constant(candidate.constants[i]))
             continue
-        value = rng.standard_normal(tensor.shape.as_list()).astype(np.float32) * 0.1
+        value = rng.standard_normal(_known_shape(tensor).as_list()).astype(np.float32) * 0.1
         variable = tf.Variable(tf.cast(value, target))
         inputs.append(variable.read_value())
     attrs = {}

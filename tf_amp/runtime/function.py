@@ -50,12 +50,15 @@ def rebuild_concrete_function(
     original: Any,
     rewrite: _graphdef.RewriteFn,
     jit_compile: bool | None = None,
+    add_shapes: bool = False,
 ) -> Any:
     """Returns a ConcreteFunction running ``rewrite`` of ``original``'s graph on its variables.
 
     ``original`` is a traced ``ConcreteFunction``; the result has the same calling convention
     (function type, structured outputs) and the same captures, so it can be called with the same
-    arguments and updates the same variables.
+    arguments and updates the same variables. ``add_shapes`` writes each node's output shapes
+    into the GraphDef (``_output_shapes``): the probe needs the shapes of variable reads, which
+    a GraphDef otherwise loses.
     """
     graph = original.graph
     captures = list(graph.captures)  # by value: (external value, internal placeholder)
@@ -72,7 +75,7 @@ def rebuild_concrete_function(
 
     fetched = {t.op.name for t in output_tensors}
     keep = fetched | {op.name for op in control_ops} | {t.op.name for t in graph.inputs}
-    graph_def = _graphdef.inline_library(graph.as_graph_def(), keep)
+    graph_def = _graphdef.inline_library(graph.as_graph_def(add_shapes=add_shapes), keep)
     graph_def = rewrite(graph_def, frozenset(fetched))
     placeholder_names = [t.op.name for t in graph.inputs]
     graph_def = _graphdef.strip_nodes(graph_def, placeholder_names)
@@ -266,10 +269,15 @@ class Function:
                 rebuilt = original  # nothing would change: no rebuild, no cost
             else:
                 rebuilt = rebuild_concrete_function(
-                    original, self._rewrite_fn(), self._jit_compile
+                    original, self._rewrite_fn(), self._jit_compile, self._wants_probe()
                 )
             self._cache[key] = (original, rebuilt)
             return rebuilt
+
+    def _wants_probe(self) -> bool:
+        from tf_amp.config import RewriteConfig
+
+        return (self._rewrite_config or RewriteConfig.from_env()).probe
 
     def _keeps_float32(self) -> bool:
         """True when the target is float32 (no fast reduced precision here, or O0): the traced
