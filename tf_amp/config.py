@@ -83,10 +83,14 @@ class RewriteConfig:
         nodes). Measured (bench/rewrite_speed.py --const-fold, frozen 4-conv CNN): GraphDef
         49% smaller, no Cast nodes, step time equal within noise (Grappler would fold the
         Cast at run time anyway), rewrite +1 ms. It wins, so it is the default.
-      infer_follows_allow: also run TensorFlow's CPU-mode pass AddInferToAllowIfFollowAllow
-        (an infer op fed directly by a half op and by no deny op turns half). This is what
-        ``auto_mixed_precision_cpu`` does; the CUDA pass and our default do not, since the
-        half value mostly reaches a Cast back to float32. Turn on for oracle parity.
+      infer_follows_allow: run TensorFlow's pass AddInferToAllowIfFollowAllow (an infer op
+        fed directly by a half op, and by no deny op, turns half; e.g. the BiasAdd after a
+        Conv2D). On by default because TensorFlow 2.21 runs it in every mode, its CUDA GPU
+        pass included: verified with the CUDA build on a virtual GPU (its log says "Beginning
+        pass 4 to add infer list ops to allow if they directly follow allow nodes"; see
+        tf_amp/_gpu_oracle.py and tests/test_differential_gpu.py), so the default paints like
+        TensorFlow's GPU pass. ``False`` is kept as an option: fewer ops in half, which on the
+        test graphs also means fewer Casts, but less of the model on the Tensor Cores.
     """
 
     target_dtype: str = "float16"
@@ -102,7 +106,7 @@ class RewriteConfig:
     default_device_type: str = "auto"
     rewrite_functions: bool = True
     fold_constant_casts: bool = True
-    infer_follows_allow: bool = False
+    infer_follows_allow: bool = True
 
     def __post_init__(self) -> None:
         # Accept tensor names too ("loss:0", "^train"): preservation is per node.
