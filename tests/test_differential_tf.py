@@ -38,6 +38,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.differential_helpers import check_default
 from tf_amp import _model_graphs, _oracle
 from tf_amp._oracle import _vertex_keys
 from tf_amp.config import RewriteConfig
@@ -86,28 +87,8 @@ def differential(name: str, mode: str = "default") -> tuple:
 
 
 def check(name: str) -> None:
-    model, result, comparison, buckets = differential(name)
-    print(
-        f"\n{name}: {len(model.graph_def.node)} nodes, {comparison.vertices} float32 vertices, "
-        f"{comparison.differing} differ "
-        f"({', '.join(f'{k}={len(v)}' for k, v in buckets.items() if v)}); "
-        f"casts ours {comparison.ours_casts} vs TF {comparison.tf_casts}"
-    )
-    assert comparison.vertices > 50
-    assert buckets["UNEXPLAINED"] == [], buckets["UNEXPLAINED"][:10]
-    # the default runs TensorFlow's pass 4 too: no vertex is left to TensorFlow alone for it
-    assert buckets["TF_HALF_FEEDS_NO_ALLOW"] == [], buckets["TF_HALF_FEEDS_NO_ALLOW"][:10]
-    # Casts <= TensorFlow's, except those at a TensorList we keep float32 where TensorFlow
-    # paints it half on one side of a While only (its graph does not run there)
-    excused = _oracle.list_boundary_casts(model.graph_def, result.graph_def, buckets)
-    if not buckets["TENSOR_LIST_CROSSES_BOUNDARY"]:
-        assert excused == {"to_half": 0, "to_float": 0}
-    print(f"  casts at TensorLists kept float32: {excused}")
-    for direction in ("to_half", "to_float"):
-        assert (comparison.ours_casts[direction] - excused[direction]
-                <= comparison.tf_casts[direction]), direction
-    # agreement is high: the differences are the justified exceptions above
-    assert comparison.agree / comparison.vertices > 0.75
+    model, result, comparison, _ = differential(name)
+    check_default(name, model, result, comparison)
 
 
 @pytest.mark.parametrize("name", FAST)
