@@ -116,6 +116,46 @@ def keras_lstm_gru() -> ModelGraph:
     return _train_step_graph("lstm_gru", model, (2, 6, 8), lambda: tf.zeros([2], tf.int32))
 
 
+def einsum_attention() -> ModelGraph:
+    """Multi-head self-attention written with ``tf.einsum`` (Einsum projections, scores and
+    weighted sum; softmax; output projection), a residual, LayerNorm and a Dense head."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+
+    class EinsumSelfAttention(keras.layers.Layer):
+        def __init__(self, heads: int, key_dim: int) -> None:
+            super().__init__()
+            self.heads, self.key_dim = heads, key_dim
+
+        def build(self, input_shape: tuple[int, ...]) -> None:
+            d = input_shape[-1]
+            shape = (d, self.heads, self.key_dim)
+            self.wq = self.add_weight(shape=shape, initializer="glorot_uniform", name="wq")
+            self.wk = self.add_weight(shape=shape, initializer="glorot_uniform", name="wk")
+            self.wv = self.add_weight(shape=shape, initializer="glorot_uniform", name="wv")
+            self.wo = self.add_weight(
+                shape=(self.heads, self.key_dim, d), initializer="glorot_uniform", name="wo"
+            )
+
+        def call(self, x: tf.Tensor) -> tf.Tensor:
+            q = tf.einsum("btd,dhk->bthk", x, self.wq)
+            k = tf.einsum("btd,dhk->bthk", x, self.wk)
+            v = tf.einsum("btd,dhk->bthk", x, self.wv)
+            scores = tf.einsum("bqhk,bshk->bhqs", q, k) * (self.key_dim**-0.5)
+            weights = tf.nn.softmax(scores, axis=-1)
+            context = tf.einsum("bhqs,bshk->bqhk", weights, v)
+            return tf.einsum("bqhk,hkd->bqd", context, self.wo)
+
+    inputs = keras.Input((8, 32))
+    h = keras.layers.LayerNormalization()(inputs + EinsumSelfAttention(4, 8)(inputs))
+    logits = keras.layers.Dense(10)(keras.layers.GlobalAveragePooling1D()(h))
+    model = keras.Model(inputs, logits)
+    return _train_step_graph(
+        "einsum_attention", model, (2, 8, 32), lambda: tf.zeros([2], tf.int32)
+    )
+
+
 @contextlib.contextmanager
 def v1_control_flow() -> Iterator[None]:
     """Build with TF1 control flow (Switch/Merge/Enter/Exit/NextIteration) temporarily."""
@@ -161,6 +201,7 @@ ALL_BUILDERS: dict[str, Callable[[], ModelGraph]] = {
     "transformer": keras_transformer,
     "lstm_gru": keras_lstm_gru,
     "tf1_while_momentum": tf1_while_momentum,
+    "einsum_attention": einsum_attention,
 }
 
 

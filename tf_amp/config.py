@@ -119,10 +119,14 @@ class RewriteConfig:
         reduced kernels' speed is not known (a new CPU, float16 on a CPU).
       slow_nodes: main-graph node names kept float32 because they were measured slower in
         the target (what ``probe`` finds; may also be given directly).
-      infer_follows_allow: also run TensorFlow's CPU-mode pass AddInferToAllowIfFollowAllow
-        (an infer op fed directly by a half op and by no deny op turns half). This is what
-        ``auto_mixed_precision_cpu`` does; the CUDA pass and our default do not, since the
-        half value mostly reaches a Cast back to float32. Turn on for oracle parity.
+      infer_follows_allow: run TensorFlow's pass AddInferToAllowIfFollowAllow (an infer op
+        fed directly by a half op, and by no deny op, turns half; e.g. the BiasAdd after a
+        Conv2D). On by default because TensorFlow 2.21 runs it in every mode, its CUDA GPU
+        pass included: verified with the CUDA build on a virtual GPU (its log says "Beginning
+        pass 4 to add infer list ops to allow if they directly follow allow nodes"; see
+        tf_amp/_gpu_oracle.py and tests/test_differential_gpu.py), so the default paints like
+        TensorFlow's GPU pass. ``False`` is kept as an option: fewer ops in half (on the LSTM/GRU
+        test graph also fewer Casts), so less of the model on the Tensor Cores.
     """
 
     target_dtype: str = "float16"
@@ -139,7 +143,7 @@ class RewriteConfig:
     default_device_type: str = "auto"
     rewrite_functions: bool = True
     fold_constant_casts: bool = True
-    infer_follows_allow: bool = False
+    infer_follows_allow: bool = True
     probe: bool = False
     slow_nodes: frozenset[str] = field(default_factory=frozenset)
 

@@ -35,7 +35,9 @@ class LossScaleState(NamedTuple):
       skipped_steps: total number of steps skipped because a gradient was not finite (int64).
       consecutive_skips: non-finite steps in a row, reset by a finite step (int64).
       floor_skips: non-finite steps in a row taken while the scale was already at its floor;
-        a non-zero value means the non-finite values do not come from scaling (int64).
+        a non-zero value means the non-finite values do not come from scaling the loss up:
+        values beyond float16's range even unscaled, or an inf/NaN that float32 would
+        produce too (int64).
     """
 
     scale: Any
@@ -187,7 +189,7 @@ class DynamicLossScale(LossScale):
         else:                                             # the step was skipped
             skipped_steps += 1; consecutive_skips += 1
             good_steps = 0
-            if scale <= min_scale: floor_skips += 1       # not overflow: a NaN/Inf in the model
+            if scale <= min_scale: floor_skips += 1       # inf/NaN even with the loss unscaled
             scale = max(scale * backoff_factor, min_scale)
 
     Defaults: ``initial_scale=2**15, growth_interval=2000, growth_factor=2, backoff_factor=0.5,

@@ -12,8 +12,9 @@ Each pass is a function whose name is its contract, in the order of DESIGN.md se
    Sum`` stays float32 end to end).
 4. ``add_clear_and_infer_between_allow``: clear/infer vertices both downstream and upstream of
    allow vertices become half (a cast pair would cost more than it saves).
-4b. ``add_infer_following_allow`` (only with ``RewriteConfig.infer_follows_allow``):
-   TensorFlow's CPU-mode extra step, for oracle parity.
+4b. ``add_infer_following_allow`` (``RewriteConfig.infer_follows_allow``, on by default):
+   an infer vertex fed directly by a half vertex turns half, as TensorFlow's pass 4
+   (AddInferToAllowIfFollowAllow) does in its GPU and CPU modes alike.
 5. ``propagate_allow_through_clear``: allow spreads both ways through clear vertices (never
    backwards into an implicit read of a ref variable).
 6. ``remove_allow_without_half``: safety net: nothing stays allow without half support.
@@ -585,11 +586,12 @@ class Painter:
         self._count("add_clear_and_infer_between_allow", n)
 
     def add_infer_following_allow(self) -> None:
-        """Optional (``RewriteConfig.infer_follows_allow``): an infer vertex fed directly by a
-        half vertex, and by no deny vertex, turns half; applied in vertex order, so it runs
-        down chains. TensorFlow runs this pass (AddInferToAllowIfFollowAllow) in its CPU /
-        oneDNN modes; off by default because the half value often only reaches a Cast back
-        to float32 (see tests/test_differential_tf.py)."""
+        """TensorFlow's pass 4 (``RewriteConfig.infer_follows_allow``, on by default): an
+        infer vertex fed directly by a half vertex, and by no deny vertex, turns half; applied
+        in vertex order, so it runs down chains. TensorFlow 2.21 runs it in its CUDA GPU pass
+        as well as its CPU / oneDNN modes (checked against the CUDA build:
+        tests/test_differential_gpu.py), so it is part of the default painting; turning it
+        off keeps those ops float32 (fewer Casts on some graphs, less work in half)."""
         if not self.config.infer_follows_allow:
             return
         view, cat, colour = self.view, self.cat, self.colour

@@ -1,0 +1,47 @@
+"""The checks shared by the differential tests (CPU-mode oracle and the CUDA build's GPU pass)
+and the corpus: every differing vertex has a listed reason, Casts <= TensorFlow's."""
+
+from __future__ import annotations
+
+from tf_amp import _oracle
+from tf_amp._model_graphs import ModelGraph
+from tf_amp.rewriter import RewriteResult
+
+DIRECTIONS = ("to_half", "to_float")
+
+
+def summary(
+    label: str,
+    model: ModelGraph,
+    comparison: _oracle.Comparison,
+    buckets: dict[str, list],
+    excused: dict[str, int],
+) -> str:
+    reasons = ", ".join(f"{k}={len(v)}" for k, v in buckets.items() if v) or "none"
+    return (
+        f"{label}: {len(model.graph_def.node)} nodes, {comparison.vertices} float32 vertices, "
+        f"{comparison.differing} differ ({reasons}); casts ours {comparison.ours_casts} vs "
+        f"TF {comparison.tf_casts}; ours at TensorLists kept float32 {excused}"
+    )
+
+
+def check_default(
+    label: str, model: ModelGraph, result: RewriteResult, comparison: _oracle.Comparison
+) -> dict[str, list]:
+    """Asserts what the default rewrite promises against a TensorFlow pass; returns buckets."""
+    buckets = _oracle.classify(result, comparison)
+    excused = _oracle.list_boundary_casts(model.graph_def, result.graph_def, buckets)
+    print("\n" + summary(label, model, comparison, buckets, excused))
+    assert comparison.vertices > 50
+    assert buckets[_oracle.UNEXPLAINED] == [], buckets[_oracle.UNEXPLAINED][:10]
+    # the default runs TensorFlow's pass 4 too: no vertex is left to TensorFlow alone for it
+    assert buckets[_oracle.TF_HALF_FEEDS_NO_ALLOW] == [], buckets[_oracle.TF_HALF_FEEDS_NO_ALLOW]
+    if not buckets[_oracle.TENSOR_LIST_CROSSES_BOUNDARY]:
+        assert excused == {"to_half": 0, "to_float": 0}
+    # Casts <= TensorFlow's, except those at a TensorList we keep float32 where TensorFlow
+    # paints it half on one side of a While only (its graph does not run there)
+    for direction in DIRECTIONS:
+        ours = comparison.ours_casts[direction] - excused[direction]
+        assert ours <= comparison.tf_casts[direction], direction
+    assert comparison.agree / comparison.vertices > 0.9
+    return buckets
