@@ -73,8 +73,15 @@ def all_replicas_finite(finite: tf.Tensor) -> tf.Tensor:
     context = tf.distribute.get_replica_context()
     if context is None or context.num_replicas_in_sync == 1:
         return finite
-    bad = context.all_reduce(tf.distribute.ReduceOp.SUM, tf.cast(~finite, tf.float32))
-    return tf.equal(bad, 0.0)
+    # Reduced as a [1] vector, never as a scalar. Inside a tf.function a strategy flattens
+    # every all-reduce to rank 1 (it packs them), eagerly it sends the tensor as it is; two
+    # MirroredStrategy objects of one process reuse collective instance keys, so a scalar
+    # reduced eagerly under one and in a function under the next is the same collective
+    # instance with two shapes, and TensorFlow aborts every later collective of the process.
+    bad = context.all_reduce(
+        tf.distribute.ReduceOp.SUM, tf.reshape(tf.cast(~finite, tf.float32), [1])
+    )
+    return tf.equal(tf.reshape(bad, []), 0.0)
 
 
 def floor_alarm(

@@ -40,7 +40,7 @@ from keras.src.utils import tracking
 from tf_amp import loss_scale as loss_scale_lib
 from tf_amp.loss_scale import LossScale, LossScaleState
 from tf_amp.ops import unscale_and_check_finite
-from tf_amp.optimizers import _common
+from tf_amp.optimizers import _checkpoint_layout, _common
 from tf_amp.optimizers._unscaled_marks import UnscaledMarks, current_graph
 
 # Base-optimizer arguments that belong on the inner optimizer, not on the wrapper.
@@ -187,28 +187,56 @@ class KerasLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         self.floor_warning_skips = int(floor_warning_skips)
         self.max_consecutive_skips = max_consecutive_skips
         self._unscaled_marks = UnscaledMarks()
+        self._create_state()
 
     # ----------------------------------------------------------------------------- state
     @tracking.no_automatic_dependency_tracking
-    def build(self, var_list: Sequence[Any]) -> None:
+    def _create_state(self) -> None:
+        """Creates the loss-scale variables now, as Keras creates ``iterations`` in __init__.
+
+        They depend on no model variable, and existing before ``build`` is what makes them
+        readable before the first step and what lets ``tf.train.Checkpoint.restore`` into a
+        fresh wrapper land at once, so the first ``scale_loss`` already uses the restored scale.
+        """
         initial = [self._policy.initial_scale] + [0] * (len(_STATE_FIELDS) - 1)
-        self._state_vars = []
-        for field, value in zip(_STATE_FIELDS, initial, strict=True):
-            self._state_vars.append(
-                self.add_variable(
-                    shape=(),
-                    dtype="float32" if field == "scale" else "int64",
-                    initializer=keras.initializers.Constant(float(value)),
-                    aggregation="only_first_replica",
-                    name=f"loss_scale_{field}",
-                )
+        self._state_vars = [
+            self.add_variable(
+                shape=(),
+                dtype="float32" if field == "scale" else "int64",
+                initializer=keras.initializers.Constant(float(value)),
+                aggregation="only_first_replica",
+                name=f"loss_scale_{field}",
             )
+            for field, value in zip(_STATE_FIELDS, initial, strict=True)
+        ]
+        self._state_checkpoint = _checkpoint_layout.StateTrackable(self._state_vars)
+
+    @tracking.no_automatic_dependency_tracking
+    def build(self, var_list: Sequence[Any]) -> None:
         self.inner_optimizer.build(var_list)
         super(keras.optimizers.LossScaleOptimizer, self).build(var_list)
 
     @property
     def variables(self) -> list[Any]:
         return self._variables + self.inner_optimizer.variables
+
+    # tf.train.Checkpoint and SavedModel see the inner optimizer's layout plus one child for
+    # the loss-scale state, so checkpoints move between the wrapper and a plain optimizer.
+    def _trackable_children(self, save_type: str = "checkpoint", **kwargs: Any) -> dict:
+        return _checkpoint_layout.children(self, save_type, **kwargs)
+
+    def _lookup_dependency(self, name: str, cached_dependencies: Any = None) -> Any:
+        if cached_dependencies is None:  # the wrapper tracking its own attributes
+            return super()._lookup_dependency(name)
+        return cached_dependencies.get(name)  # a restore, given the children above
+
+    @property
+    def _deferred_dependencies(self) -> dict:
+        # Entries restored before the inner optimizer created them wait on the inner one,
+        # which is the object that creates them (Keras's base __init__ asks before it exists).
+        inner = self.__dict__.get("inner_optimizer")
+        owner = super() if inner is None else inner
+        return owner._deferred_dependencies  # noqa: SLF001
 
     # Set on the wrapper the environment activation puts around a script's own optimizer: its
     # .keras files then hold that optimizer's variables laid out as the optimizer itself saves
@@ -275,8 +303,6 @@ class KerasLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         """The current scale (float32 scalar); 1 when disabled. Assign to set it (apex-style)."""
         if not self.enabled:
             return tf.constant(1.0)
-        if not self.built:
-            return tf.constant(self._policy.initial_scale, tf.float32)
         return tf.convert_to_tensor(self._state_vars[0].value)
 
     @loss_scale.setter
@@ -285,16 +311,14 @@ class KerasLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
 
     def set_loss_scale(self, value: float) -> None:
         """Sets the current scale, e.g. to change a static scale mid-training."""
-        if not self.built:
-            raise ValueError(
-                "the optimizer has no variables yet; call build(model.trainable_variables) or "
-                "train one step before setting the loss scale"
-            )
         self._state_vars[0].assign(float(value))
 
     @property
-    def dynamic_counter(self) -> tf.Tensor:
-        """Consecutive finite steps since the scale last changed."""
+    def dynamic_counter(self) -> tf.Tensor | None:
+        """Consecutive finite steps since the scale last changed; None for a static scale
+        (as in Keras 3 and tf.keras, where only a dynamic scale has a counter)."""
+        if not self.dynamic:
+            return None
         return tf.convert_to_tensor(self._state_vars[1].value)
 
     @property
@@ -307,7 +331,7 @@ class KerasLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         return {
             "loss_scale": self.loss_scale,
             "skipped_steps": tf.cast(
-                self.skipped_steps if self.built else tf.constant(0, tf.int64), tf.float32
+                self.skipped_steps, tf.float32
             ),
         }
 
@@ -319,7 +343,7 @@ class KerasLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         if not self.enabled:
             return loss
         self._unscaled_marks.new_step()  # a new scaled loss: earlier unscales are not this step's
-        state = self._state() if self.built else self._policy.initial_state()
+        state = self._state()
         return self._policy.scale(loss, state)
 
     def get_scaled_loss(self, loss: Any) -> Any:

@@ -262,7 +262,8 @@ def _maybe_wrap_optimizer(model: Any, optimizer: Any) -> Any:
     # The script holds the optimizer it passed, not the wrapper: tracking the wrapper on it makes
     # tf.train.Checkpoint(optimizer=opt) save and restore the scale too (Checkpoint(model=...)
     # already does, through model.optimizer). TensorFlow tracking only: Keras files unchanged.
-    resolved._track_trackable(wrapper, STATE_NAME, overwrite=True)  # noqa: SLF001
+    # Only the state: the wrapper's own checkpoint children are the optimizer's.
+    resolved._track_trackable(wrapper._state_checkpoint, STATE_NAME, overwrite=True)  # noqa: SLF001
     return wrapper
 
 
