@@ -79,6 +79,8 @@ class UnscaledMarks:
 
     def __init__(self) -> None:
         self._marks: dict[tuple[int, int | None], UnscaledMark] = {}
+        # Steps whose loss went through scale_loss: (thread, graph) -> weak ref to the graph.
+        self._scaled: dict[tuple[int, int | None], Any] = {}
 
     @staticmethod
     def _key(graph: Any) -> tuple[int, int | None]:
@@ -167,3 +169,22 @@ class UnscaledMarks:
         (an eager look at unscaled gradients), belongs to the step that follows."""
         for graph in self._step_graphs():
             self.close(graph)
+        gone = [k for k, ref in self._scaled.copy().items() if ref is not None and ref() is None]
+        for key in gone:
+            self._scaled.pop(key, None)  # traced graphs that no longer exist
+        graph = current_graph()
+        self._scaled[self._key(graph)] = _weak(graph)
+
+    def take_scaled(self) -> bool:
+        """True when this step's loss went through ``scale_loss`` (in this graph or one around
+        it); the step's ``apply`` consumes it, so the next step must scale again."""
+        for graph in self._step_graphs():
+            key = self._key(graph)
+            if key not in self._scaled:
+                continue
+            ref = self._scaled[key]
+            if (ref() if ref is not None else None) is graph:
+                if graph is not None or current_graph() is None:
+                    self._scaled.pop(key, None)  # a trace does not consume an eager scale
+                return True
+        return False

@@ -27,6 +27,7 @@ weights, slots and ``iterations`` untouched) and moves the scale with ``tf_amp.l
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -40,7 +41,7 @@ from keras.src.utils import tracking
 from tf_amp import loss_scale as loss_scale_lib
 from tf_amp.loss_scale import LossScale, LossScaleState
 from tf_amp.ops import unscale_and_check_finite
-from tf_amp.optimizers import _checkpoint_layout, _common
+from tf_amp.optimizers import _checkpoint_layout, _common, _keras_config
 from tf_amp.optimizers._unscaled_marks import UnscaledMarks, current_graph
 
 # Base-optimizer arguments that belong on the inner optimizer, not on the wrapper.
@@ -99,6 +100,12 @@ def _legacy_loss_scale(loss_scale: Any, kwargs: dict[str, Any]) -> Any:
     }
     if not legacy:
         return loss_scale
+    if not isinstance(legacy.get("dynamic", True), bool):
+        raise TypeError(
+            f"dynamic must be True or False, got {legacy['dynamic']!r}; for a dynamic scale "
+            "pass dynamic=True (or loss_scale=\"dynamic\"), for a fixed one dynamic=False "
+            "with initial_scale=..."
+        )
     if loss_scale != "dynamic":
         raise ValueError(
             f"pass either loss_scale or {sorted(legacy)}, not both (got loss_scale={loss_scale!r})"
@@ -111,6 +118,29 @@ def _legacy_loss_scale(loss_scale: Any, kwargs: dict[str, Any]) -> Any:
     if legacy.get("dynamic_growth_steps") is not None:
         raise ValueError("dynamic_growth_steps has no meaning with dynamic=False")
     return loss_scale_lib.StaticLossScale(_or_default(legacy.get("initial_scale"), 2.0**15))
+
+
+def _warn_unscaled_never_scaled() -> None:
+    """tf.keras 2.x's warning, kept a warning (not an error) on purpose.
+
+    ``apply`` treats gradients as gradients of ``scale_loss(loss)``, Keras 3's contract, and
+    divides them by the scale. Gradients of a loss that never went through ``scale_loss``
+    nor ``get_unscaled_gradients`` in this step are most likely the TF2 guide's recipe with a
+    call forgotten, and would be divided by 32768. But the loss may also have been scaled where
+    the wrapper cannot see it (``loss * opt.loss_scale``, or in another ``tf.function`` than
+    the one applying, which Keras 3's own tests do), and there the division is right: an error
+    would break correct programs the wrapper cannot tell apart, a warning costs a log line.
+    """
+    warnings.warn(
+        "LossScaleOptimizer.apply()/apply_gradients() got gradients of a loss that was not "
+        "scaled with scale_loss()/get_scaled_loss() in this step, and not unscaled with "
+        "get_unscaled_gradients(); they are divided by the loss scale as if the loss had been "
+        "scaled. If they are true gradients, scale the loss: "
+        "`with tape: loss = opt.scale_loss(loss)` then `opt.apply(tape.gradient(loss, vars), "
+        "vars)` (or get_scaled_loss() + get_unscaled_gradients(), the tf.keras 2.x recipe).",
+        UserWarning,
+        stacklevel=3,
+    )
 
 
 def _or_default(value: Any, default: Any) -> Any:
@@ -182,6 +212,7 @@ class KerasLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         # Skip keras.optimizers.LossScaleOptimizer.__init__ (its own scale and arguments).
         super(keras.optimizers.LossScaleOptimizer, self).__init__(learning_rate=0.0, name=name)
         self.inner_optimizer = inner_optimizer
+        _common.mark_wrapped(inner_optimizer, self)
         self._policy = loss_scale_lib.get(loss_scale)
         self.enabled = bool(enabled)
         self.floor_warning_skips = int(floor_warning_skips)
@@ -214,7 +245,13 @@ class KerasLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     @tracking.no_automatic_dependency_tracking
     def build(self, var_list: Sequence[Any]) -> None:
         self.inner_optimizer.build(var_list)
-        super(keras.optimizers.LossScaleOptimizer, self).build(var_list)
+        # Only the bookkeeping of Keras's base build: its EMA copies and gradient accumulators
+        # (use_ema, gradient_accumulation_steps, read from the inner optimizer) live there.
+        var_list = list(var_list)
+        for i, variable in enumerate(var_list):
+            self._trainable_variables_indices[self._var_key(variable)] = i
+        self._trainable_variables = var_list[:]
+        self.built = True
 
     @property
     def variables(self) -> list[Any]:
@@ -277,6 +314,15 @@ class KerasLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             inner.load_own_variables = load_unless_empty
         else:
             super().load_own_variables(store)
+
+    def set_weights(self, weights: Sequence[Any]) -> None:
+        """A ``saves_as_inner`` wrapper given its inner optimizer's weights (what a float32
+        ``.h5`` file holds, and what one saved under the environment holds) sets those."""
+        inner = self.inner_optimizer
+        if self.saves_as_inner and len(weights) == len(inner.variables):
+            inner.set_weights(weights)
+        else:
+            super().set_weights(weights)
 
     def _state(self) -> LossScaleState:
         return LossScaleState(*(v.value for v in self._state_vars))
@@ -409,6 +455,8 @@ class KerasLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             raise ValueError("apply() must be called in a replica context (strategy.run).")
 
         graph, mark = self._unscaled_marks.find()
+        if not self._unscaled_marks.take_scaled() and mark is None:
+            _warn_unscaled_never_scaled()
         already = False
         if mark is not None:
             # A trace does not consume an eager unscale: tf.function may trace apply() twice
@@ -469,27 +517,18 @@ class KerasLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
 
     # ----------------------------------------------------------------- serialization
     def get_config(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "inner_optimizer": keras.saving.serialize_keras_object(self.inner_optimizer),
-            "loss_scale": loss_scale_lib.serialize(self._policy),
-            "enabled": self.enabled,
-            "floor_warning_skips": self.floor_warning_skips,
-            "max_consecutive_skips": self.max_consecutive_skips,
-            # Saved so that load_model gives back an optimizer that still wants the rewrite
-            # (enable_mixed_precision_graph_rewrite refuses to wrap a wrapper again).
-            "graph_rewrite": bool(getattr(self, _common.GRAPH_REWRITE_ATTR, False)),
-        }
+        graph_rewrite = bool(getattr(self, _common.GRAPH_REWRITE_ATTR, False))
+        return _keras_config.wrapper_config(self, graph_rewrite)
 
     @classmethod
     def from_config(
         cls, config: dict[str, Any], custom_objects: dict[str, Any] | None = None
     ) -> KerasLossScaleOptimizer:
+        """Builds the wrapper from its own config, or from one of Keras 3's, tf.keras 2.x's or
+        TF 2.3's LossScaleOptimizer (see ``tf_amp.optimizers._keras_config``)."""
         config = dict(config)
-        inner = keras.saving.deserialize_keras_object(
-            config.pop("inner_optimizer"), custom_objects=custom_objects
-        )
-        policy = loss_scale_lib.deserialize(config.pop("loss_scale"))
+        inner = _keras_config.inner_from_config(config, custom_objects)
+        policy = _keras_config.policy_from_config(config)
         graph_rewrite = config.pop("graph_rewrite", False)  # absent in files saved before it
         optimizer = cls(inner, loss_scale=policy, **config)
         if graph_rewrite:
@@ -497,6 +536,36 @@ class KerasLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
 
             mark_for_rewrite(optimizer)
         return optimizer
+
+
+def _forwarded(name: str) -> property:
+    """An attribute of the inner optimizer, read and set through the wrapper (tf.keras 2.x
+    forwarded these too): the inner optimizer is the one that clips, decays and averages."""
+
+    def get(self: KerasLossScaleOptimizer) -> Any:
+        inner = self.__dict__.get("inner_optimizer")
+        return None if inner is None else getattr(inner, name)
+
+    def set_(self: KerasLossScaleOptimizer, value: Any) -> None:
+        inner = self.__dict__.get("inner_optimizer")
+        if inner is not None:  # Keras's base __init__ sets its defaults before inner exists
+            setattr(inner, name, value)
+
+    return property(get, set_, doc=f"The inner optimizer's ``{name}``.")
+
+
+FORWARDED_ATTRIBUTES = (
+    "clipnorm",
+    "global_clipnorm",
+    "clipvalue",
+    "use_ema",
+    "ema_momentum",
+    "ema_overwrite_frequency",
+    "weight_decay",
+    "gradient_accumulation_steps",
+)
+for _name in FORWARDED_ATTRIBUTES:
+    setattr(KerasLossScaleOptimizer, _name, _forwarded(_name))
 
 
 class LossScaleCallback(keras.callbacks.Callback):
