@@ -266,3 +266,83 @@ def test_every_wrapper_is_an_instance_of_tf_amp_loss_scale_optimizer():
         assert isinstance(wrapper, tf_amp.LossScaleOptimizer)
     assert not isinstance(keras.optimizers.SGD(), tf_amp.LossScaleOptimizer)
     assert issubclass(type(keras_wrapper), tf_amp.LossScaleOptimizer)
+
+
+# ------------------------------------------- files saved under TF_ENABLE_AUTO_MIXED_PRECISION
+def env_on():
+    from tf_amp.runtime import activation
+    from tf_amp.runtime.activation import Settings
+
+    return activation.activated(Settings(graph_rewrite=False, loss_scaling=True))
+
+
+def fitted_model() -> keras.Model:
+    rng = np.random.default_rng(0)
+    x = rng.random((32, 8), dtype=np.float32)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+    model.compile(keras.optimizers.Adam(0.01), keras.losses.MeanSquaredError())
+    model.fit(x, x.sum(axis=1, keepdims=True), batch_size=16, epochs=1, verbose=0)
+    return model
+
+
+def inner_state(optimizer) -> list[np.ndarray]:
+    return [v.numpy() for v in getattr(optimizer, "inner_optimizer", optimizer).variables]
+
+
+@pytest.mark.parametrize("suffix", [".keras", ".h5"])
+def test_files_saved_under_the_env_and_in_float32_load_either_way(tmp_path, suffix):
+    with env_on():
+        amp = fitted_model()
+        assert isinstance(amp.optimizer, tf_amp.LossScaleOptimizer)
+        amp.save(tmp_path / f"amp{suffix}")
+    plain = keras.models.load_model(tmp_path / f"amp{suffix}")  # plain Keras, no env
+    assert type(plain.optimizer) is keras.optimizers.Adam
+    assert int(plain.optimizer.iterations) == 2
+    restored = inner_state(plain.optimizer)
+    # Keras's own .h5 loader sets only the variables an unbuilt optimizer has (iterations,
+    # learning rate), for a float32 file too; .keras files restore the moments as well.
+    assert len(restored) == (6 if suffix == ".keras" else 2)
+    for got, want in zip(restored, inner_state(amp.optimizer)[: len(restored)], strict=True):
+        np.testing.assert_array_equal(got, want)
+
+    f32 = fitted_model()
+    f32.save(tmp_path / f"f32{suffix}")
+    with env_on():
+        resumed = keras.models.load_model(tmp_path / f"f32{suffix}")
+        assert isinstance(resumed.optimizer, tf_amp.LossScaleOptimizer)
+        assert int(resumed.optimizer.iterations) == 2
+        restored = inner_state(resumed.optimizer)
+        assert len(restored) == (6 if suffix == ".keras" else 2)  # as plain Keras loads it
+        for got, want in zip(restored, inner_state(f32.optimizer)[: len(restored)], strict=True):
+            np.testing.assert_array_equal(got, want)
+
+
+def test_saved_models_written_under_the_env_and_in_float32_load_either_way(tmp_path):
+    """tf.saved_model.save of a compiled model: loads without tf_amp, and its optimizer
+    variables restore into a plain optimizer; a float32 one restores into the env's wrapper."""
+    with env_on():
+        amp = fitted_model()
+        tf.saved_model.save(amp, str(tmp_path / "amp"))
+    loaded = tf.saved_model.load(str(tmp_path / "amp"))
+    assert int(loaded.optimizer._iterations) == 2  # noqa: SLF001
+    plain = keras.optimizers.Adam(0.01)
+    status = tf.train.Checkpoint(optimizer=plain).restore(str(tmp_path / "amp/variables/variables"))
+    plain.build(amp.trainable_variables)
+    status.expect_partial()
+    for got, want in zip(inner_state(plain), inner_state(amp.optimizer), strict=True):
+        np.testing.assert_array_equal(got, want)
+
+    f32 = fitted_model()
+    tf.saved_model.save(f32, str(tmp_path / "f32"))
+    with env_on():
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+        model.compile(keras.optimizers.Adam(0.01), keras.losses.MeanSquaredError())
+        wrapper = model.optimizer
+        status = tf.train.Checkpoint(optimizer=wrapper).restore(
+            str(tmp_path / "f32/variables/variables")
+        )
+        wrapper.build(model.trainable_variables)
+        status.expect_partial()
+        assert isinstance(wrapper, tf_amp.LossScaleOptimizer)
+        for got, want in zip(inner_state(wrapper), inner_state(f32.optimizer), strict=True):
+            np.testing.assert_array_equal(got, want)

@@ -316,11 +316,11 @@ class KerasLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             super().load_own_variables(store)
 
     def set_weights(self, weights: Sequence[Any]) -> None:
-        """A ``saves_as_inner`` wrapper given its inner optimizer's weights (what a float32
-        ``.h5`` file holds, and what one saved under the environment holds) sets those."""
-        inner = self.inner_optimizer
-        if self.saves_as_inner and len(weights) == len(inner.variables):
-            inner.set_weights(weights)
+        """A ``saves_as_inner`` wrapper passes the weights to its inner optimizer: a ``.h5``
+        file, float32 or saved under the environment, holds the inner optimizer's weights, and
+        it loads them exactly as the plain optimizer would (Keras's ``set_weights``)."""
+        if self.saves_as_inner:
+            self.inner_optimizer.set_weights(weights)
         else:
             super().set_weights(weights)
 
