@@ -2,11 +2,9 @@
 
 The scenarios of tf-keras's strategy tests (``loss_scale_optimizer_test.py``) in our own words,
 plus issue 16's bug: a new strategy after switching from eager to ``tf.function`` aborted the
-process's collectives. Logical devices must be configured before TensorFlow starts, so all
-scenarios run in one subprocess (one TensorFlow start for all: they are slow); each builds its
-own strategy, variables and optimizer, records facts, and a failure in one is recorded as its
-error without stopping the others. The collective bug poisons every later collective, so that
-scenario runs last.
+process's collectives. Logical devices must be configured before TensorFlow starts, so each
+scenario runs in a subprocess of its own (all started at once); each builds fresh strategies,
+variables and optimizers and prints its facts, or its error, as one JSON line.
 """
 
 from __future__ import annotations
@@ -30,6 +28,7 @@ SCRIPT = textwrap.dedent(
         cpu, [tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()]
     )
     import keras
+    import numpy as np
     import tf_amp
 
     def fresh():
@@ -56,12 +55,12 @@ SCRIPT = textwrap.dedent(
 
     # SCENARIOS
 
-    facts = {}
-    for name, fn in SCENARIOS.items():
-        try:
-            facts[name] = fn()
-        except Exception:
-            facts[name] = {"error": traceback.format_exc()[-2500:]}
+    import sys
+    name = sys.argv[1]
+    try:
+        facts = SCENARIOS[name]()
+    except Exception:
+        facts = {"error": traceback.format_exc()[-2500:]}
     print(json.dumps(facts))
     """
 )
@@ -89,21 +88,110 @@ def eager_then_function_with_fresh_strategies():
 '''
 
 
-SCENARIOS = [EAGER_THEN_FUNCTION]  # the collective bug last: it poisons later collectives
+TF_KERAS_PORTS = '''
+def run_both(step):
+    """tf-keras ran each scenario eagerly and in a tf.function: both, each a fresh strategy."""
+    out = {}
+    for mode in ("eager", "function"):
+        strategy = fresh()
+        out[mode] = step(strategy, mode)
+    return out
+
+def run(strategy, mode, fn):
+    if mode == "eager":
+        strategy.run(fn)
+    else:
+        tf.function(lambda: strategy.run(fn))()
+
+@scenario
+def dynamic_update():
+    """tf-keras testDynamicUpdate: finite step applies and grows, a NaN step skips and halves."""
+    def body(strategy, mode):
+        with strategy.scope():
+            var = tf.Variable([1.0, 2.0])
+            opt = tf_amp.LossScaleOptimizer(
+                keras.optimizers.SGD(1.0), initial_scale=2, dynamic_growth_steps=1
+            )
+            opt.build([var])
+        run(strategy, mode, keras3_step(opt, var, lambda: tf.reduce_sum(var) * 2.0 / 2))
+        after_finite = (local(strategy, var), float(opt.loss_scale))
+        run(strategy, mode, keras3_step(opt, var, lambda: tf.reduce_sum(var) * float("nan")))
+        return [after_finite, (local(strategy, var), float(opt.loss_scale))]
+    return run_both(body)
+
+@scenario
+def nan_on_one_replica_only():
+    """tf-keras testNanOnOneReplicaOnly (there GPU-only): every replica skips."""
+    def body(strategy, mode):
+        with strategy.scope():
+            var = tf.Variable([1.0, 2.0])
+            opt = tf_amp.LossScaleOptimizer(
+                keras.optimizers.SGD(1.0), initial_scale=2, dynamic_growth_steps=2
+            )
+            opt.build([var])
+        def loss():
+            replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+            factor = tf.where(tf.equal(replica, 0), tf.constant([2.0, 2.0]),
+                              tf.constant([1.0, float("nan")]))
+            return tf.reduce_sum(var * factor)
+        run(strategy, mode, keras3_step(opt, var, loss))
+        return [local(strategy, var), float(opt.loss_scale)]
+    return run_both(body)
+
+@scenario
+def clipping_on_the_inner_optimizer():
+    """tf-keras testClipping: clipping sees the unscaled gradient; inf still skips."""
+    out = {}
+    for clip in ("clipnorm", "global_clipnorm", "clipvalue"):
+        strategy = fresh()
+        with strategy.scope():
+            var = tf.Variable([5.0])
+            opt = tf_amp.LossScaleOptimizer(
+                keras.optimizers.SGD(2.0, **{clip: 2.0}), initial_scale=2,
+                dynamic_growth_steps=1,
+            )
+            opt.build([var])
+        run(strategy, "function", keras3_step(opt, var, lambda: tf.reduce_sum(var) * 4))
+        first = (local(strategy, var), float(opt.loss_scale))
+        run(strategy, "function", keras3_step(opt, var, lambda: tf.reduce_sum(var) * np.inf))
+        out[clip] = [first, (local(strategy, var), float(opt.loss_scale))]
+    return out
+'''
+
+SCENARIOS = [TF_KERAS_PORTS, EAGER_THEN_FUNCTION]
+
+
+NAMES = [
+    "dynamic_update",
+    "nan_on_one_replica_only",
+    "clipping_on_the_inner_optimizer",
+    "eager_then_function_with_fresh_strategies",
+]
 
 
 @pytest.fixture(scope="module")
 def facts() -> dict:
+    """Each scenario in a process of its own, all started at once. Why not one process: the
+    strategies of one process reuse collective instance keys, and TensorFlow keeps the shape
+    an instance first had, so scenarios reducing different shapes would trip each other."""
     source = SCRIPT.replace("# SCENARIOS", "\n".join(SCENARIOS))
-    done = subprocess.run(
-        [sys.executable, "-c", source],
-        env=dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2"),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+    running = {
+        name: subprocess.Popen(
+            [sys.executable, "-c", source, name],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name in NAMES
+    }
+    found = {}
+    for name, process in running.items():
+        out, err = process.communicate(timeout=300)
+        assert process.returncode == 0, err[-4000:]
+        found[name] = json.loads(out.strip().splitlines()[-1])
+    return found
 
 
 def result(facts: dict, name: str) -> dict:
@@ -117,3 +205,25 @@ def test_a_fresh_strategy_after_eager_then_tf_function_still_runs_collectives(fa
     got = result(facts, "eager_then_function_with_fresh_strategies")
     assert got["eager"] == [[-1.0, 0.0], [-1.0, 0.0]]
     assert got["function"] == [[-1.0, 0.0], [-1.0, 0.0]]
+
+
+def test_tf_keras_dynamic_update_under_mirrored_strategy(facts):
+    got = result(facts, "dynamic_update")
+    for mode in ("eager", "function"):
+        # gradient 1 per replica, summed: 2; lr 1. Then NaN: no change, scale halves.
+        assert got[mode] == [[[[-1.0, 0.0]] * 2, 4.0], [[[-1.0, 0.0]] * 2, 2.0]]
+
+
+def test_tf_keras_nan_on_one_replica_skips_every_replica(facts):
+    got = result(facts, "nan_on_one_replica_only")
+    for mode in ("eager", "function"):
+        assert got[mode] == [[[1.0, 2.0]] * 2, 1.0]
+
+
+def test_tf_keras_clipping_under_mirrored_strategy(facts):
+    got = result(facts, "clipping_on_the_inner_optimizer")
+    for clip in ("clipnorm", "global_clipnorm", "clipvalue"):
+        # Each replica's gradient 4 clipped to 2, then summed: 4; lr 2: 5 -> -3; scale 2 -> 4.
+        # (Keras 3 optimizers clip per replica before summing, tf.keras clipped the sum: the
+        # inner optimizer's behaviour, which tf_amp leaves as it is.) Inf: skipped, 4 -> 2.
+        assert got[clip] == [[[[-3.0]] * 2, 4.0], [[[-3.0]] * 2, 2.0]], clip
