@@ -20,6 +20,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from keras.src.legacy.saving import legacy_h5_format
 from tensorflow.python.training import session_manager
 
 from tests.e2e_helpers import half_ops
@@ -104,6 +105,7 @@ def _patched_attributes() -> list[tuple[Any, str]]:
         (tf.compat.v1.train.Saver, "restore"),
         (keras.Model, "compile"),
         (keras.optimizers.Optimizer, "apply"),
+        (legacy_h5_format, "save_model_to_hdf5"),
     ]
 
 

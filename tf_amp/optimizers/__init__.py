@@ -26,25 +26,7 @@ def is_v1_optimizer(optimizer: Any) -> bool:
     return isinstance(optimizer, tf.compat.v1.train.Optimizer)
 
 
-def LossScaleOptimizer(inner: Any, loss_scale: Any = "dynamic", **kwargs: Any) -> Any:  # noqa: N802
-    """Wraps ``inner`` with loss scaling; returns an optimizer of the same family.
-
-    Typical use::
-
-        opt = tf_amp.LossScaleOptimizer(keras.optimizers.Adam(1e-3))          # Keras 3
-        opt = tf_amp.LossScaleOptimizer(tf.compat.v1.train.AdamOptimizer(), 128.0)  # TF1, static
-        gen_opt, disc_opt = (tf_amp.LossScaleOptimizer(keras.optimizers.Adam()) for _ in "gd")
-
-    Args:
-      inner: a Keras 3 optimizer or a ``tf.compat.v1.train.Optimizer``.
-      loss_scale: ``"dynamic"`` (default), a number for a static scale, or a
-        ``tf_amp.LossScale``.
-      **kwargs: ``enabled``, ``floor_warning_skips``, ``max_consecutive_skips``, ``name``.
-
-    Raises:
-      ValueError: ``inner`` already scales the loss (a tf_amp or Keras loss-scale optimizer).
-      TypeError: ``inner`` is not an optimizer tf_amp supports; the message says what to pass.
-    """
+def _wrap(inner: Any, loss_scale: Any = "dynamic", **kwargs: Any) -> Any:
     _common.check_not_wrapped(inner)
     if is_v1_optimizer(inner):  # first: needs only TensorFlow, never imports Keras
         from tf_amp.optimizers.v1 import V1LossScaleOptimizer
@@ -64,6 +46,53 @@ def LossScaleOptimizer(inner: Any, loss_scale: Any = "dynamic", **kwargs: Any) -
         f"tf_amp.LossScaleOptimizer cannot wrap {type(inner).__module__}."
         f"{type(inner).__name__}{hint}; {_common.SUPPORTED_MESSAGE}"
     )
+
+
+
+class _LossScaleOptimizerType(type):
+    """Makes ``tf_amp.LossScaleOptimizer`` a factory that is also a class to test against.
+
+    Calling it returns the wrapper of the inner optimizer's family (Keras or v1), as tf.keras
+    2.x's metaclass did; ``isinstance(opt, tf_amp.LossScaleOptimizer)`` is True for every
+    wrapper it returns, whatever the family.
+    """
+
+    def __call__(cls, inner: Any, loss_scale: Any = "dynamic", **kwargs: Any) -> Any:
+        return _wrap(inner, loss_scale, **kwargs)
+
+    def __instancecheck__(cls, instance: Any) -> bool:
+        return _common.is_tf_amp_wrapper(instance)
+
+    def __subclasscheck__(cls, subclass: type) -> bool:
+        return bool(getattr(subclass, "_tf_amp_loss_scale_wrapper", False))
+
+
+class LossScaleOptimizer(metaclass=_LossScaleOptimizerType):
+    """Wraps ``inner`` with loss scaling; returns an optimizer of the same family.
+
+    Typical use::
+
+        opt = tf_amp.LossScaleOptimizer(keras.optimizers.Adam(1e-3))          # Keras 3
+        opt = tf_amp.LossScaleOptimizer(tf.compat.v1.train.AdamOptimizer(), 128.0)  # TF1, static
+        gen_opt, disc_opt = (tf_amp.LossScaleOptimizer(keras.optimizers.Adam()) for _ in "gd")
+
+    Args:
+      inner: a Keras 3 optimizer or a ``tf.compat.v1.train.Optimizer``.
+      loss_scale: ``"dynamic"`` (default), a number for a static scale, or a
+        ``tf_amp.LossScale``.
+      **kwargs: ``enabled``, ``floor_warning_skips``, ``max_consecutive_skips``, ``name``.
+
+    Raises:
+      ValueError: ``inner`` already scales the loss (a tf_amp or Keras loss-scale optimizer).
+      TypeError: ``inner`` is not an optimizer tf_amp supports; the message says what to pass.
+    """
+
+    @staticmethod
+    def from_config(config: dict[str, Any], custom_objects: dict[str, Any] | None = None) -> Any:
+        """A Keras wrapper from tf_amp's config or Keras 3's, tf.keras 2.x's or TF 2.3's."""
+        from tf_amp.optimizers.keras import KerasLossScaleOptimizer
+
+        return KerasLossScaleOptimizer.from_config(config, custom_objects)
 
 
 def custom_objects() -> dict[str, Any]:

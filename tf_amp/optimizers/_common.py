@@ -7,7 +7,9 @@ knows which optimizer family it serves.
 
 from __future__ import annotations
 
+import gc
 import sys
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -47,12 +49,38 @@ def check_not_wrapped(inner: Any) -> None:
             "LossScaleOptimizer; wrap the original optimizer once (its `inner_optimizer` is "
             "the unwrapped one), or use the wrapper you already have"
         )
+    wrapper = wrapper_of(inner)
+    if wrapper is not None:
+        raise ValueError(
+            f"{type(inner).__name__} {getattr(inner, 'name', '')!r} is already wrapped by the "
+            f"tf_amp LossScaleOptimizer {getattr(wrapper, 'name', '')!r}: two wrappers would "
+            "keep two loss scales and step the same optimizer state twice. Use the existing "
+            "wrapper, or wrap a new optimizer (e.g. keras.optimizers.Adam.from_config("
+            "opt.get_config()))"
+        )
     keras_lso = _keras_loss_scale_optimizer_class()
     if keras_lso is not None and isinstance(inner, keras_lso):
         raise ValueError(
             "the optimizer is already a keras.optimizers.LossScaleOptimizer, which scales the "
             "loss itself; pass its `inner_optimizer` to tf_amp instead so the loss is scaled once"
         )
+
+
+_WRAPPED_BY = "_tf_amp_wrapped_by"
+
+
+def mark_wrapped(inner: Any, wrapper: Any) -> None:
+    """Records (weakly) that ``wrapper`` wraps ``inner``, so a second wrapper is refused."""
+    object.__setattr__(inner, _WRAPPED_BY, weakref.ref(wrapper))
+
+
+def wrapper_of(inner: Any) -> Any:
+    """The live tf_amp wrapper around ``inner``, or None."""
+    ref = getattr(inner, _WRAPPED_BY, None)
+    if ref is None or ref() is None:
+        return None
+    gc.collect()  # a dropped wrapper may only wait in a reference cycle: not a second wrapper
+    return ref()
 
 
 def _keras_loss_scale_optimizer_class() -> type | None:
@@ -73,8 +101,15 @@ def all_replicas_finite(finite: tf.Tensor) -> tf.Tensor:
     context = tf.distribute.get_replica_context()
     if context is None or context.num_replicas_in_sync == 1:
         return finite
-    bad = context.all_reduce(tf.distribute.ReduceOp.SUM, tf.cast(~finite, tf.float32))
-    return tf.equal(bad, 0.0)
+    # Reduced as a [1] vector, never as a scalar. Inside a tf.function a strategy flattens
+    # every all-reduce to rank 1 (it packs them), eagerly it sends the tensor as it is; two
+    # MirroredStrategy objects of one process reuse collective instance keys, so a scalar
+    # reduced eagerly under one and in a function under the next is the same collective
+    # instance with two shapes, and TensorFlow aborts every later collective of the process.
+    bad = context.all_reduce(
+        tf.distribute.ReduceOp.SUM, tf.reshape(tf.cast(~finite, tf.float32), [1])
+    )
+    return tf.equal(tf.reshape(bad, []), 0.0)
 
 
 def floor_alarm(

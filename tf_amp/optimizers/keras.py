@@ -27,7 +27,7 @@ weights, slots and ``iterations`` untouched) and moves the scale with ``tf_amp.l
 
 from __future__ import annotations
 
-import threading
+import warnings
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -41,7 +41,8 @@ from keras.src.utils import tracking
 from tf_amp import loss_scale as loss_scale_lib
 from tf_amp.loss_scale import LossScale, LossScaleState
 from tf_amp.ops import unscale_and_check_finite
-from tf_amp.optimizers import _common
+from tf_amp.optimizers import _checkpoint_layout, _common, _keras_config
+from tf_amp.optimizers._unscaled_marks import UnscaledMarks, current_graph
 
 # Base-optimizer arguments that belong on the inner optimizer, not on the wrapper.
 _INNER_ONLY_ARGS = {
@@ -58,160 +59,6 @@ _INNER_ONLY_ARGS = {
 }
 
 _STATE_FIELDS = LossScaleState._fields
-
-
-def _current_graph() -> Any:
-    """The graph being built (a ``FuncGraph`` while tracing), or None when executing eagerly."""
-    return None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
-
-
-def _weak(value: Any) -> Any:
-    return None if value is None else weakref.ref(value)
-
-
-class _UnscaledMark:
-    """What one ``get_unscaled_gradients`` call handed out, in one thread and one graph.
-
-    Only weak references: a mark keeps no gradient, graph or thread alive, and a mark whose
-    thread or graph is gone can match nothing.
-    """
-
-    __slots__ = ("thread", "graph", "inputs", "outputs")
-
-    def __init__(self, graph: Any, inputs: Sequence[Any], outputs: Sequence[Any]) -> None:
-        self.thread = weakref.ref(threading.current_thread())
-        self.graph = _weak(graph)
-        self.inputs = [_weak(g) for g in inputs]
-        self.outputs = [_weak(g) for g in outputs]
-
-    def alive(self) -> bool:
-        return self.thread() is not None and (self.graph is None or self.graph() is not None)
-
-    @staticmethod
-    def _ids(refs: list[Any]) -> set[int]:
-        # A live referent is a live object, so its id() names it and nothing else.
-        # (No walrus here: AutoGraph, which converts this method when apply() is traced,
-        # cannot parse one and prints a warning asking users to report it.)
-        objects = (ref() for ref in refs if ref is not None)
-        return {id(obj) for obj in objects if obj is not None}
-
-    def classify(self, grads: Sequence[Any]) -> bool:
-        """True when ``grads`` are unscaled: the returned tensors, or tensors the user derived
-        from them (clipping between ``get_unscaled_gradients`` and ``apply``); False when they
-        are the scaled tensors that were unscaled only to be looked at."""
-        outputs = self._ids(self.outputs)
-        inputs = self._ids(self.inputs) - outputs
-        present = [id(g) for g in grads if g is not None]
-        from_inputs = any(i in inputs for i in present)
-        if from_inputs and any(i in outputs for i in present):
-            raise ValueError(
-                "apply() got some of the gradients that get_unscaled_gradients() returned and "
-                "some of the scaled gradients it was given; pass the unscaled ones only"
-            )
-        return not from_inputs
-
-
-class _UnscaledMarks:
-    """Open ``get_unscaled_gradients`` results, one per (thread, graph) step.
-
-    A step is one thread building one graph (eager execution counts as one graph): replica
-    threads of a MirroredStrategy and separate ``tf.function`` traces each have their own. A
-    mark is closed by the ``apply`` of its step, and dropped by the next ``scale_loss`` /
-    ``get_scaled_loss`` of its thread and graph, which starts a new step; so it never decides
-    how a later step's gradients are treated. A plain object (not a dict attribute) so that
-    neither Keras nor ``tf.train.Checkpoint`` tracks it.
-    """
-
-    def __init__(self) -> None:
-        self._marks: dict[tuple[int, int | None], _UnscaledMark] = {}
-
-    @staticmethod
-    def _key(graph: Any) -> tuple[int, int | None]:
-        return (threading.get_ident(), None if graph is None else id(graph))
-
-    def _get(self, graph: Any) -> _UnscaledMark | None:
-        mark = self._marks.get(self._key(graph))
-        if mark is None:
-            return None
-        if (
-            mark.thread() is not threading.current_thread()
-            or (mark.graph() if mark.graph is not None else None) is not graph
-        ):
-            return None  # a dead thread's or graph's id, reused
-        return mark
-
-    def find(self) -> tuple[Any, _UnscaledMark] | tuple[None, None]:
-        """This thread's open mark for the step being built, and the graph it belongs to.
-
-        The step's mark may be in the current graph or one enclosing it (an ``apply`` inside a
-        ``tf.cond`` branch); eager, when the function being traced was called eagerly
-        (gradients unscaled eagerly, applied in a ``tf.function``); or in a graph nested in the
-        current one (unscaled in a ``tf.range`` loop body, applied after the loop).
-
-        Raises ValueError for a mark left in an unrelated, already traced function (unscaled
-        in one ``tf.function``, applied eagerly or in another): later calls of that function
-        run no Python, so their unscaling could not be seen and ``apply`` would silently
-        divide the gradients by the scale a second time.
-        """
-        graph = _current_graph()
-        step_graphs = self._step_graphs()
-        for g in step_graphs:
-            mark = self._get(g)
-            if mark is not None:
-                return g, mark
-        building = {id(g) for g in step_graphs if g is not None}
-        me = threading.current_thread()
-        for mark in list(self._marks.values()):
-            marked = mark.graph() if mark.graph is not None else None
-            if mark.thread() is not me or marked is None:
-                continue
-            outer = getattr(marked, "outer_graph", None)
-            while outer is not None and id(outer) not in building:
-                outer = getattr(outer, "outer_graph", None)
-            if outer is not None:
-                return marked, mark
-            where = "eagerly" if graph is None else f"in {getattr(graph, 'name', 'a graph')!r}"
-            raise ValueError(
-                f"get_unscaled_gradients() was traced in tf.function graph "
-                f"{getattr(marked, 'name', '?')!r} but apply()/get_unscaled_gradients() now runs "
-                f"{where}: later calls of that function run no Python, so their unscaling cannot "
-                "be seen and the gradients would be unscaled twice. Call "
-                "get_unscaled_gradients() and apply_gradients() in the same tf.function (or "
-                "both eagerly), or drop get_unscaled_gradients() and let apply() unscale."
-            )
-        return None, None
-
-    @staticmethod
-    def _step_graphs() -> list[Any]:
-        """The graphs being built for this step, innermost first: the current one, those
-        enclosing it, and None (eager) when the outermost function is traced from eager code."""
-        graph = _current_graph()
-        step_graphs: list[Any] = []
-        g = graph
-        while g is not None:
-            step_graphs.append(g)
-            g = getattr(g, "outer_graph", None)
-        if graph is None or tf.compat.v1.executing_eagerly_outside_functions():
-            if step_graphs and not hasattr(step_graphs[-1], "outer_graph"):
-                step_graphs.pop()  # the global graph tf.function traces under: not this step's
-            step_graphs.append(None)  # eager: the caller of the outermost function
-        return step_graphs
-
-    def open(self, inputs: Sequence[Any], outputs: Sequence[Any]) -> None:
-        # copy(): replica threads may insert meanwhile; iterating a copy cannot fail.
-        for key in [k for k, m in self._marks.copy().items() if not m.alive()]:
-            self._marks.pop(key, None)
-        graph = _current_graph()
-        self._marks[self._key(graph)] = _UnscaledMark(graph, inputs, outputs)
-
-    def close(self, graph: Any) -> None:
-        self._marks.pop(self._key(graph), None)
-
-    def new_step(self) -> None:
-        """A new scaled loss: no unscale before it, here or in the code around this trace
-        (an eager look at unscaled gradients), belongs to the step that follows."""
-        for graph in self._step_graphs():
-            self.close(graph)
 
 
 class _StateEntry(KerasSaveable):
@@ -253,6 +100,12 @@ def _legacy_loss_scale(loss_scale: Any, kwargs: dict[str, Any]) -> Any:
     }
     if not legacy:
         return loss_scale
+    if not isinstance(legacy.get("dynamic", True), bool):
+        raise TypeError(
+            f"dynamic must be True or False, got {legacy['dynamic']!r}; for a dynamic scale "
+            "pass dynamic=True (or loss_scale=\"dynamic\"), for a fixed one dynamic=False "
+            "with initial_scale=..."
+        )
     if loss_scale != "dynamic":
         raise ValueError(
             f"pass either loss_scale or {sorted(legacy)}, not both (got loss_scale={loss_scale!r})"
@@ -265,6 +118,29 @@ def _legacy_loss_scale(loss_scale: Any, kwargs: dict[str, Any]) -> Any:
     if legacy.get("dynamic_growth_steps") is not None:
         raise ValueError("dynamic_growth_steps has no meaning with dynamic=False")
     return loss_scale_lib.StaticLossScale(_or_default(legacy.get("initial_scale"), 2.0**15))
+
+
+def _warn_unscaled_never_scaled() -> None:
+    """tf.keras 2.x's warning, kept a warning (not an error) on purpose.
+
+    ``apply`` treats gradients as gradients of ``scale_loss(loss)``, Keras 3's contract, and
+    divides them by the scale. Gradients of a loss that never went through ``scale_loss``
+    nor ``get_unscaled_gradients`` in this step are most likely the TF2 guide's recipe with a
+    call forgotten, and would be divided by 32768. But the loss may also have been scaled where
+    the wrapper cannot see it (``loss * opt.loss_scale``, or in another ``tf.function`` than
+    the one applying, which Keras 3's own tests do), and there the division is right: an error
+    would break correct programs the wrapper cannot tell apart, a warning costs a log line.
+    """
+    warnings.warn(
+        "LossScaleOptimizer.apply()/apply_gradients() got gradients of a loss that was not "
+        "scaled with scale_loss()/get_scaled_loss() in this step, and not unscaled with "
+        "get_unscaled_gradients(); they are divided by the loss scale as if the loss had been "
+        "scaled. If they are true gradients, scale the loss: "
+        "`with tape: loss = opt.scale_loss(loss)` then `opt.apply(tape.gradient(loss, vars), "
+        "vars)` (or get_scaled_loss() + get_unscaled_gradients(), the tf.keras 2.x recipe).",
+        UserWarning,
+        stacklevel=3,
+    )
 
 
 def _or_default(value: Any, default: Any) -> Any:
@@ -336,33 +212,68 @@ class KerasLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         # Skip keras.optimizers.LossScaleOptimizer.__init__ (its own scale and arguments).
         super(keras.optimizers.LossScaleOptimizer, self).__init__(learning_rate=0.0, name=name)
         self.inner_optimizer = inner_optimizer
+        _common.mark_wrapped(inner_optimizer, self)
         self._policy = loss_scale_lib.get(loss_scale)
         self.enabled = bool(enabled)
         self.floor_warning_skips = int(floor_warning_skips)
         self.max_consecutive_skips = max_consecutive_skips
-        self._unscaled_marks = _UnscaledMarks()
+        self._unscaled_marks = UnscaledMarks()
+        self._create_state()
 
     # ----------------------------------------------------------------------------- state
     @tracking.no_automatic_dependency_tracking
-    def build(self, var_list: Sequence[Any]) -> None:
+    def _create_state(self) -> None:
+        """Creates the loss-scale variables now, as Keras creates ``iterations`` in __init__.
+
+        They depend on no model variable, and existing before ``build`` is what makes them
+        readable before the first step and what lets ``tf.train.Checkpoint.restore`` into a
+        fresh wrapper land at once, so the first ``scale_loss`` already uses the restored scale.
+        """
         initial = [self._policy.initial_scale] + [0] * (len(_STATE_FIELDS) - 1)
-        self._state_vars = []
-        for field, value in zip(_STATE_FIELDS, initial, strict=True):
-            self._state_vars.append(
-                self.add_variable(
-                    shape=(),
-                    dtype="float32" if field == "scale" else "int64",
-                    initializer=keras.initializers.Constant(float(value)),
-                    aggregation="only_first_replica",
-                    name=f"loss_scale_{field}",
-                )
+        self._state_vars = [
+            self.add_variable(
+                shape=(),
+                dtype="float32" if field == "scale" else "int64",
+                initializer=keras.initializers.Constant(float(value)),
+                aggregation="only_first_replica",
+                name=f"loss_scale_{field}",
             )
+            for field, value in zip(_STATE_FIELDS, initial, strict=True)
+        ]
+        self._state_checkpoint = _checkpoint_layout.StateTrackable(self._state_vars)
+
+    @tracking.no_automatic_dependency_tracking
+    def build(self, var_list: Sequence[Any]) -> None:
         self.inner_optimizer.build(var_list)
-        super(keras.optimizers.LossScaleOptimizer, self).build(var_list)
+        # Only the bookkeeping of Keras's base build: its EMA copies and gradient accumulators
+        # (use_ema, gradient_accumulation_steps, read from the inner optimizer) live there.
+        var_list = list(var_list)
+        for i, variable in enumerate(var_list):
+            self._trainable_variables_indices[self._var_key(variable)] = i
+        self._trainable_variables = var_list[:]
+        self.built = True
 
     @property
     def variables(self) -> list[Any]:
         return self._variables + self.inner_optimizer.variables
+
+    # tf.train.Checkpoint and SavedModel see the inner optimizer's layout plus one child for
+    # the loss-scale state, so checkpoints move between the wrapper and a plain optimizer.
+    def _trackable_children(self, save_type: str = "checkpoint", **kwargs: Any) -> dict:
+        return _checkpoint_layout.children(self, save_type, **kwargs)
+
+    def _lookup_dependency(self, name: str, cached_dependencies: Any = None) -> Any:
+        if cached_dependencies is None:  # the wrapper tracking its own attributes
+            return super()._lookup_dependency(name)
+        return cached_dependencies.get(name)  # a restore, given the children above
+
+    @property
+    def _deferred_dependencies(self) -> dict:
+        # Entries restored before the inner optimizer created them wait on the inner one,
+        # which is the object that creates them (Keras's base __init__ asks before it exists).
+        inner = self.__dict__.get("inner_optimizer")
+        owner = super() if inner is None else inner
+        return owner._deferred_dependencies  # noqa: SLF001
 
     # Set on the wrapper the environment activation puts around a script's own optimizer: its
     # .keras files then hold that optimizer's variables laid out as the optimizer itself saves
@@ -404,6 +315,15 @@ class KerasLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         else:
             super().load_own_variables(store)
 
+    def set_weights(self, weights: Sequence[Any]) -> None:
+        """A ``saves_as_inner`` wrapper passes the weights to its inner optimizer: a ``.h5``
+        file, float32 or saved under the environment, holds the inner optimizer's weights, and
+        it loads them exactly as the plain optimizer would (Keras's ``set_weights``)."""
+        if self.saves_as_inner:
+            self.inner_optimizer.set_weights(weights)
+        else:
+            super().set_weights(weights)
+
     def _state(self) -> LossScaleState:
         return LossScaleState(*(v.value for v in self._state_vars))
 
@@ -429,8 +349,6 @@ class KerasLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         """The current scale (float32 scalar); 1 when disabled. Assign to set it (apex-style)."""
         if not self.enabled:
             return tf.constant(1.0)
-        if not self.built:
-            return tf.constant(self._policy.initial_scale, tf.float32)
         return tf.convert_to_tensor(self._state_vars[0].value)
 
     @loss_scale.setter
@@ -439,16 +357,14 @@ class KerasLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
 
     def set_loss_scale(self, value: float) -> None:
         """Sets the current scale, e.g. to change a static scale mid-training."""
-        if not self.built:
-            raise ValueError(
-                "the optimizer has no variables yet; call build(model.trainable_variables) or "
-                "train one step before setting the loss scale"
-            )
         self._state_vars[0].assign(float(value))
 
     @property
-    def dynamic_counter(self) -> tf.Tensor:
-        """Consecutive finite steps since the scale last changed."""
+    def dynamic_counter(self) -> tf.Tensor | None:
+        """Consecutive finite steps since the scale last changed; None for a static scale
+        (as in Keras 3 and tf.keras, where only a dynamic scale has a counter)."""
+        if not self.dynamic:
+            return None
         return tf.convert_to_tensor(self._state_vars[1].value)
 
     @property
@@ -461,7 +377,7 @@ class KerasLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         return {
             "loss_scale": self.loss_scale,
             "skipped_steps": tf.cast(
-                self.skipped_steps if self.built else tf.constant(0, tf.int64), tf.float32
+                self.skipped_steps, tf.float32
             ),
         }
 
@@ -473,7 +389,7 @@ class KerasLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         if not self.enabled:
             return loss
         self._unscaled_marks.new_step()  # a new scaled loss: earlier unscales are not this step's
-        state = self._state() if self.built else self._policy.initial_state()
+        state = self._state()
         return self._policy.scale(loss, state)
 
     def get_scaled_loss(self, loss: Any) -> Any:
@@ -539,12 +455,14 @@ class KerasLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             raise ValueError("apply() must be called in a replica context (strategy.run).")
 
         graph, mark = self._unscaled_marks.find()
+        if not self._unscaled_marks.take_scaled() and mark is None:
+            _warn_unscaled_never_scaled()
         already = False
         if mark is not None:
             # A trace does not consume an eager unscale: tf.function may trace apply() twice
             # (the first trace creates the optimizer's variables), and the next eager
             # get_scaled_loss() ends that step anyway.
-            if graph is not None or _current_graph() is None:
+            if graph is not None or current_graph() is None:
                 self._unscaled_marks.close(graph)
             already = mark.classify(grads)
         state_vars = [v.value for v in self._state_vars]
@@ -599,27 +517,18 @@ class KerasLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
 
     # ----------------------------------------------------------------- serialization
     def get_config(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "inner_optimizer": keras.saving.serialize_keras_object(self.inner_optimizer),
-            "loss_scale": loss_scale_lib.serialize(self._policy),
-            "enabled": self.enabled,
-            "floor_warning_skips": self.floor_warning_skips,
-            "max_consecutive_skips": self.max_consecutive_skips,
-            # Saved so that load_model gives back an optimizer that still wants the rewrite
-            # (enable_mixed_precision_graph_rewrite refuses to wrap a wrapper again).
-            "graph_rewrite": bool(getattr(self, _common.GRAPH_REWRITE_ATTR, False)),
-        }
+        graph_rewrite = bool(getattr(self, _common.GRAPH_REWRITE_ATTR, False))
+        return _keras_config.wrapper_config(self, graph_rewrite)
 
     @classmethod
     def from_config(
         cls, config: dict[str, Any], custom_objects: dict[str, Any] | None = None
     ) -> KerasLossScaleOptimizer:
+        """Builds the wrapper from its own config, or from one of Keras 3's, tf.keras 2.x's or
+        TF 2.3's LossScaleOptimizer (see ``tf_amp.optimizers._keras_config``)."""
         config = dict(config)
-        inner = keras.saving.deserialize_keras_object(
-            config.pop("inner_optimizer"), custom_objects=custom_objects
-        )
-        policy = loss_scale_lib.deserialize(config.pop("loss_scale"))
+        inner = _keras_config.inner_from_config(config, custom_objects)
+        policy = _keras_config.policy_from_config(config)
         graph_rewrite = config.pop("graph_rewrite", False)  # absent in files saved before it
         optimizer = cls(inner, loss_scale=policy, **config)
         if graph_rewrite:
@@ -627,6 +536,36 @@ class KerasLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
 
             mark_for_rewrite(optimizer)
         return optimizer
+
+
+def _forwarded(name: str) -> property:
+    """An attribute of the inner optimizer, read and set through the wrapper (tf.keras 2.x
+    forwarded these too): the inner optimizer is the one that clips, decays and averages."""
+
+    def get(self: KerasLossScaleOptimizer) -> Any:
+        inner = self.__dict__.get("inner_optimizer")
+        return None if inner is None else getattr(inner, name)
+
+    def set_(self: KerasLossScaleOptimizer, value: Any) -> None:
+        inner = self.__dict__.get("inner_optimizer")
+        if inner is not None:  # Keras's base __init__ sets its defaults before inner exists
+            setattr(inner, name, value)
+
+    return property(get, set_, doc=f"The inner optimizer's ``{name}``.")
+
+
+FORWARDED_ATTRIBUTES = (
+    "clipnorm",
+    "global_clipnorm",
+    "clipvalue",
+    "use_ema",
+    "ema_momentum",
+    "ema_overwrite_frequency",
+    "weight_decay",
+    "gradient_accumulation_steps",
+)
+for _name in FORWARDED_ATTRIBUTES:
+    setattr(KerasLossScaleOptimizer, _name, _forwarded(_name))
 
 
 class LossScaleCallback(keras.callbacks.Callback):

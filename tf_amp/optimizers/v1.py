@@ -53,6 +53,7 @@ class V1LossScaleOptimizer(_V1Optimizer):
             )
         super().__init__(use_locking=False, name=name or f"LossScale{inner_optimizer.get_name()}")
         self._inner = inner_optimizer
+        _common.mark_wrapped(inner_optimizer, self)
         self._track_trackable(inner_optimizer, "inner_optimizer")
         self._policy = loss_scale_lib.get(loss_scale)
         self.enabled = bool(enabled)

@@ -351,6 +351,10 @@ def _patch_keras(keras: Any) -> None:
 
             base = base_optimizer.BaseOptimizer
             _PATCHES.set(base, "apply", auto_loss_scale.keras_apply_patch(base.apply))
+            from keras.src.legacy.saving import legacy_h5_format
+
+            save_h5 = legacy_h5_format.save_model_to_hdf5
+            _PATCHES.set(legacy_h5_format, "save_model_to_hdf5", keras_fit.h5_save_patch(save_h5))
 
 
 def _make_function_patch(original: Callable[..., Any]) -> Callable[..., Any]:
