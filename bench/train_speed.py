@@ -209,6 +209,7 @@ def time_variants(model_name: str, variants: list[str], rounds: int) -> dict[str
     for variant, values in times.items():
         ratios = [v / b for v, b in zip(values, base, strict=True)] if base else []
         result["variants"][variant] = {
+            "times": values,
             "step_s": sorted(values)[len(values) // 2],
             "ratio": median_ci(ratios) if ratios else None,
             "loss": losses[variant],
@@ -300,16 +301,14 @@ def run_model(model_name: str, variants: list[str], rounds: int, proof: bool) ->
         print(f"{variant:<24} {row['step_s'] * 1e3:>7.1f}ms {text:>28} {gained:>9} "
               f"{row['loss']:>9.4f} {delta:>+8.4f}")
     if "tf_amp" in rows and "float32" in rows:
-        best_peer = min(
-            (v for v in rows if v not in ("float32",) and not v.startswith("tf_amp")),
-            key=lambda v: rows[v]["ratio"][0], default=None,
-        )
         low, high = rows["tf_amp"]["ratio"][1:]
         print(f"tf_amp default never slower than float32 (ratio <= 1): {verdict(low, high, 1.0)}")
-        if best_peer:
-            peer = rows[best_peer]["ratio"][0]
-            print(f"tf_amp default vs fastest peer ({best_peer}, {peer:.2f}): "
-                  f"{verdict(low, high, peer)}")
+        ours = rows["tf_amp"]["times"]
+        for peer in (v for v in rows if v != "float32" and not v.startswith("tf_amp")):
+            paired = [a / b for a, b in zip(ours, rows[peer]["times"], strict=True)]
+            mid, low, high = median_ci(paired)
+            print(f"tf_amp default / {peer} (paired per round; goal <= 1): {mid:.2f} "
+                  f"[{low:.2f}, {high:.2f}] {verdict(low, high, 1.0)}")
     for variant, detail in result["failed"].items():
         print(f"{variant}: FAILED: {detail}")
     if proof:

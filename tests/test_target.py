@@ -16,6 +16,7 @@ import tensorflow as tf
 import tf_amp
 from tf_amp import hardware
 from tf_amp.config import RewriteConfig
+from tf_amp.enable import optimizer_wants_rewrite
 from tf_amp.lists import BF16_INFER, FP16_DENY
 from tf_amp.rewriter import rewrite_graph_def
 
@@ -108,6 +109,13 @@ def test_enable_adds_no_loss_scaling_for_bfloat16(cpu, flags, scaling) -> None:
     # asked for explicitly, scaling is on whatever the target
     explicit = tf_amp.enable_mixed_precision_graph_rewrite(keras.optimizers.SGD(0.1), "dynamic")
     assert explicit.enabled is True
+
+
+def test_enable_on_a_cpu_without_fast_16_bit_changes_nothing(cpu) -> None:
+    cpu(EPYC_ZEN3)
+    opt = tf_amp.enable_mixed_precision_graph_rewrite(keras.optimizers.SGD(0.1))
+    assert opt.enabled is False
+    assert not optimizer_wants_rewrite(opt)  # fit keeps Keras's own step: no rebuild cost
 
 
 def test_enable_keeps_loss_scaling_for_float16(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -48,17 +48,26 @@ def enable_mixed_precision_graph_rewrite(
         ``tf_amp.LossScale`` to ask for scaling whatever the target.
       **kwargs: passed to the wrapper (``enabled``, ``max_consecutive_skips``...).
 
+    Where the target is float32 (``tf_amp.hardware``: no fast reduced precision on this
+    machine) the optimizer is wrapped but not marked for the rewrite: nothing would change.
+
     Raises:
       ValueError: ``opt`` is already loss-scaled (by tf_amp or Keras); pass the original.
       TypeError: ``opt`` is not a supported optimizer; the message says what to pass.
     """
+    target = process_target()
     if isinstance(loss_scale, str) and loss_scale == "auto":
         loss_scale = "dynamic"
         if "enabled" not in kwargs:
             # A pass-through wrapper (scale 1, no check, no skip) keeps the custom-loop API
             # (get_scaled_loss...) working and its saved files identical in layout.
-            kwargs["enabled"] = process_target().needs_loss_scaling
-    return mark_for_rewrite(LossScaleOptimizer(opt, loss_scale=loss_scale, **kwargs))
+            kwargs["enabled"] = target.needs_loss_scaling
+    wrapped = LossScaleOptimizer(opt, loss_scale=loss_scale, **kwargs)
+    if not target.rewrites:
+        # float32 target (no fast reduced precision here): nothing to rewrite, so no hook and
+        # no rebuilt step either; fit runs Keras's own step, at float32's speed.
+        return wrapped
+    return mark_for_rewrite(wrapped)
 
 
 def mark_for_rewrite(wrapped: Any) -> Any:
