@@ -8,6 +8,16 @@ from tf_amp._model_graphs import ModelGraph
 from tf_amp.rewriter import RewriteResult
 
 DIRECTIONS = ("to_half", "to_float")
+# The training-step graphs (tf_amp._model_graphs) both differential suites compare on.
+FAST_GRAPHS = [
+    "keras_cnn",
+    "transformer",
+    "lstm_gru",
+    "lstm_gru_inlined",
+    "tf1_while_momentum",
+    "einsum_attention",
+]
+SLOW_GRAPHS = ["mobilenet_v2"]
 
 
 def summary(

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.differential_helpers import check_default
+from tests.differential_helpers import FAST_GRAPHS, SLOW_GRAPHS, check_default
 from tf_amp import _gpu_oracle, _model_graphs, _oracle
 from tf_amp.config import RewriteConfig
 from tf_amp.painter import CAT_CLEAR
@@ -34,15 +34,7 @@ from tf_amp.type_attrs import DT_HALF
 
 pytestmark = pytest.mark.skipif(_gpu_oracle.should_skip(), reason=_gpu_oracle.missing_reason())
 
-FAST = [
-    "keras_cnn",
-    "transformer",
-    "lstm_gru",
-    "lstm_gru_inlined",
-    "tf1_while_momentum",
-    "einsum_attention",
-]
-ALL = [*FAST, pytest.param("mobilenet_v2", marks=pytest.mark.slow)]
+ALL = [*FAST_GRAPHS, *(pytest.param(name, marks=pytest.mark.slow) for name in SLOW_GRAPHS)]
 
 _GPU: dict[str, tuple] = {}
 

@@ -38,22 +38,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.differential_helpers import check_default
+from tests.differential_helpers import FAST_GRAPHS, SLOW_GRAPHS, check_default
 from tf_amp import _model_graphs, _oracle
 from tf_amp._oracle import _vertex_keys
 from tf_amp.config import RewriteConfig
 from tf_amp.painter import CAT_CLEAR
 from tf_amp.rewriter import rewrite_graph_def
 
-FAST = [
-    "keras_cnn",
-    "transformer",
-    "lstm_gru",
-    "lstm_gru_inlined",
-    "tf1_while_momentum",
-    "einsum_attention",
-]
-SLOW = ["mobilenet_v2"]
+FAST, SLOW = FAST_GRAPHS, SLOW_GRAPHS
 
 
 _MODELS: dict[str, tuple] = {}
