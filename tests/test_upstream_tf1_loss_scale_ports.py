@@ -14,7 +14,10 @@ Where tf_amp differs on purpose the test says so and asserts tf_amp's behaviour 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -24,6 +27,7 @@ import pytest
 import tensorflow as tf
 
 import tf_amp
+from tests.test_migration_distribute import ROOT, SCRIPT
 from tf_amp.enable import is_rewrite_enabled, optimizer_wants_rewrite
 from tf_amp.loss_scale import DynamicLossScale
 from tf_amp.optimizers.v1 import V1LossScaleOptimizer
@@ -344,3 +348,102 @@ def test_enabled_graph_trains_in_a_tf_amp_session_with_dynamic_scaling():
             np.testing.assert_array_equal(sess.run(w), after)
             assert sess.run(global_step) == 1
             assert sess.run(opt.loss_scale) == 2.0**14 and sess.run(opt.skipped_steps) == 1
+
+
+# ------------------------------------------------------------ under a MirroredStrategy
+# Upstream runs each optimizer scenario under ``MirroredStrategy`` too ("Distribute"). Here: 2
+# logical CPUs, a fresh strategy per run, eagerly and in a tf.function, each scenario in a
+# subprocess of its own (why: tests/test_migration_distribute.py, ``facts``).
+V1_STRATEGY_PORTS = '''
+def v1_run(strategy, mode, fn):
+    if mode == "eager":
+        strategy.run(fn)
+    else:
+        tf.function(lambda: strategy.run(fn), autograph=False)()
+
+@scenario
+def v1_dynamic_update():
+    """testDynamicUpdate (Distribute): each replica's loss is var * 2 / 2, summed: gradient 2."""
+    out = {}
+    for mode in ("eager", "function"):
+        strategy = fresh()
+        with strategy.scope():
+            var = tf.Variable([1.0, 2.0])
+            step = tf.Variable(0, dtype=tf.int64, trainable=False)
+            opt = tf_amp.LossScaleOptimizer(
+                tf.compat.v1.train.GradientDescentOptimizer(1.0),
+                tf_amp.DynamicLossScale(2.0, growth_interval=1),
+            )
+        def train(factor):
+            return lambda: opt.minimize(lambda: var * factor / 2.0, var_list=[var],
+                                        global_step=step) and None
+        v1_run(strategy, mode, train(2.0))
+        first = [local(strategy, var), float(opt.loss_scale), local(strategy, step)[0]]
+        v1_run(strategy, mode, train(float("nan")))
+        out[mode] = [first, [local(strategy, var), float(opt.loss_scale), local(strategy, step)[0]]]
+    return out
+
+@scenario
+def v1_momentum_slots():
+    """testDynamicLossScaleWithSlots (Distribute): momentum 1, scale x4 per good step."""
+    out = {}
+    for mode in ("eager", "function"):
+        strategy = fresh()
+        with strategy.scope():
+            var = tf.Variable([1.0, 2.0])
+            opt = tf_amp.LossScaleOptimizer(
+                tf.compat.v1.train.MomentumOptimizer(1.0, momentum=1.0),
+                tf_amp.DynamicLossScale(2.0, growth_interval=1, growth_factor=4.0),
+            )
+        train = lambda: opt.minimize(lambda: var / 2.0, var_list=[var]) and None
+        facts = []
+        for _ in range(2):
+            v1_run(strategy, mode, train)
+            facts.append([local(strategy, var), float(opt.loss_scale)])
+        out[mode] = facts
+    return out
+'''
+
+V1_STRATEGY_NAMES = ["v1_dynamic_update", "v1_momentum_slots"]
+
+
+@pytest.fixture(scope="module")
+def strategy_facts() -> dict[str, Any]:
+    """Each scenario's facts, from subprocesses started at once (2 logical CPUs each)."""
+    source = SCRIPT.replace("# SCENARIOS", V1_STRATEGY_PORTS)
+    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+    running = {
+        name: subprocess.Popen(
+            [sys.executable, "-c", source, name], env=env, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True,
+        )
+        for name in V1_STRATEGY_NAMES
+    }
+    found = {}
+    for name, process in running.items():
+        out, err = process.communicate(timeout=300)
+        assert process.returncode == 0, err[-4000:]
+        got = json.loads(out.strip().splitlines()[-1])
+        assert "error" not in got, got.get("error")
+        found[name] = got
+    return found
+
+
+def test_dynamic_update_under_mirrored_strategy(strategy_facts: dict[str, Any]):
+    """Ports ``testDynamicUpdate`` (Distribute): the summed gradient 2 applies on both replicas
+    and the scale grows 2 -> 4; the NaN step skips on both, global_step stays 1, 4 -> 2."""
+    for mode in ("eager", "function"):
+        assert strategy_facts["v1_dynamic_update"][mode] == [
+            [[[-1.0, 0.0]] * 2, 4.0, 1],
+            [[[-1.0, 0.0]] * 2, 2.0, 1],
+        ], mode
+
+
+def test_momentum_slots_under_mirrored_strategy(strategy_facts: dict[str, Any]):
+    """Ports ``testDynamicLossScaleWithSlots`` (Distribute): the accumulator sees the summed
+    true gradient 1: the variable moves by 1 then 2 on both replicas; the scale 2 -> 8 -> 32."""
+    for mode in ("eager", "function"):
+        assert strategy_facts["v1_momentum_slots"][mode] == [
+            [[[0.0, 1.0]] * 2, 8.0],
+            [[[-2.0, -1.0]] * 2, 32.0],
+        ], mode
