@@ -173,7 +173,9 @@ def run_steps(name: str, row: Row, steps: int, first_batches: int = 4) -> None:
     model = build(name)
     amp_opt = tf_amp.LossScaleOptimizer(keras.optimizers.SGD(0.01, momentum=0.9))
 
-    @tf_amp.function
+    # float16, the target TensorFlow's GPU pass and Keras's mixed_float16 are compared on,
+    # whatever "auto" would pick on the machine running the bench.
+    @tf_amp.function(config=RewriteConfig.from_env(target_dtype="float16"))
     def amp_step(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
         with tf.GradientTape() as tape:
             loss = loss_fn(y, model(x, training=True))
