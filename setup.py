@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 
+import setuptools
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 from setuptools.command.build_py import build_py
@@ -170,10 +171,25 @@ class BuildTfAmpOps(build_ext):
         print(f"tf_amp: built {output} (CUDA kernel linked: {bool(extra_objects)})")
 
 
+def _license_metadata() -> dict[str, str]:
+    """The licence in the form the running setuptools reads (pyproject lists it as dynamic).
+
+    ``pip install --no-build-isolation`` builds with the environment's setuptools, not the one
+    ``[build-system]`` asks for. setuptools >= 77 takes an SPDX expression (written to the
+    ``License-Expression`` field) and deprecates the older forms; older ones reject the SPDX
+    string in pyproject.toml but take the plain ``license`` keyword here.
+    """
+    major = int(setuptools.__version__.split(".")[0])
+    if major >= 77:
+        return {"license_expression": "Apache-2.0"}
+    return {"license": "Apache-2.0"}
+
+
 try:
     setup(
         ext_modules=[Extension("tf_amp._tf_amp_ops", sources=CPU_SOURCES)],
         cmdclass=_command_classes(),
+        **_license_metadata(),
     )
 except BuildError as error:
     sys.exit(f"error: {error}")

@@ -1,6 +1,7 @@
 """Shared test set-up: quiet TensorFlow's C++ logging before it is imported, and make sure no
 test leaves the process-wide rewrite switch (and its Keras compile hook) on for the next one."""
 
+import logging
 import os
 import sys
 
@@ -12,6 +13,11 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 # with AMX/AVX512-BF16, float32 on one without). The suite pins float16 so that each test means
 # the same on every machine; the tests of "auto" itself (test_target.py) unset it.
 os.environ.setdefault("TF_AMP_TARGET_DTYPE", "float16")
+# The suite takes over tf_amp's logging the documented way, so that pytest's caplog (a handler
+# on the root logger) sees its records; test_logging.py checks the default in subprocesses.
+import tf_amp  # noqa: E402, F401 - cheap (lazy exports); installs tf_amp's log handler
+
+logging.getLogger("tf_amp").propagate = True
 
 
 @pytest.fixture(autouse=True)

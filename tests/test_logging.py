@@ -1,4 +1,9 @@
-"""The "Converted X/Y nodes ..." line is visible by default, and never printed twice."""
+"""What a user reads: the "Converted X/Y nodes ..." line in one form however logging is set up,
+printed once, and a "nothing to do" line that says which graph it is about.
+
+Each case runs in a fresh interpreter: logging set-up is process-wide, and the suite itself
+takes over tf_amp's logger (conftest.py) so that caplog sees its records.
+"""
 
 from __future__ import annotations
 
@@ -20,19 +25,75 @@ REWRITE_A_MATMUL = """
     tf_amp.rewrite_graph_def(graph.as_graph_def())
 """
 
+CONVERTED = ("tf_amp: Converted 2/3 nodes to float16 precision using 1 cast(s) to float16 "
+             "(excluding Const and Variable casts)")
 
-@pytest.mark.parametrize("configure_logging", [False, True], ids=["unconfigured", "basicConfig"])
-def test_conversion_line_is_printed_exactly_once(configure_logging):
-    prelude = ("import logging; logging.basicConfig(level=logging.WARNING, "
-               "format='app %(name)s %(message)s')\n") if configure_logging else ""
+# How applications and libraries set up logging before tf_amp logs anything. Each used to
+# change the line: "INFO:tf_amp:Converted ..." after basicConfig(), absl's
+# "I1125 12:00:00.000 123 rewriter.py:215] Converted ..." once absl's handler is in use.
+PRELUDES = {
+    "unconfigured": "",
+    "basicConfig": "import logging; logging.basicConfig()\n",
+    "basicConfig_info_app_format": (
+        "import logging; logging.basicConfig(level=logging.INFO, "
+        "format='app %(levelname)s %(name)s %(message)s')\n"
+    ),
+    "absl_imported": "import absl.logging\n",
+    "absl_handler_in_use": (
+        "import logging, absl.logging\n"
+        "absl.logging.use_absl_handler()\n"
+        "absl.logging.set_verbosity(absl.logging.INFO)\n"
+    ),
+}
+
+
+def _run(code: str) -> subprocess.CompletedProcess:
     result = subprocess.run(
-        [sys.executable, "-c", prelude + textwrap.dedent(REWRITE_A_MATMUL)],
-        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}, capture_output=True, text=True,
-        timeout=120,
+        [sys.executable, "-c", code],
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "TF_AMP_TARGET_DTYPE": "float16"},
+        capture_output=True, text=True, timeout=120,
     )
     assert result.returncode == 0, result.stderr[-2000:]
+    return result
+
+
+@pytest.mark.parametrize("prelude", list(PRELUDES.values()), ids=list(PRELUDES))
+def test_conversion_line_keeps_one_form_and_is_printed_once(prelude: str) -> None:
+    result = _run(prelude + textwrap.dedent(REWRITE_A_MATMUL))
     lines = [line for line in result.stderr.splitlines() if "Converted" in line]
-    assert len(lines) == 1, result.stderr[-2000:]
-    expected_prefix = "app tf_amp Converted" if configure_logging else "tf_amp: Converted"
-    assert lines[0].startswith(expected_prefix)
-    assert lines[0].endswith("cast(s) to float16 (excluding Const and Variable casts)")
+    assert lines == [CONVERTED], result.stderr[-2000:]
+
+
+def test_application_can_take_the_records_over() -> None:
+    # The documented way: propagate to the application's handlers, which then print it alone.
+    prelude = (
+        "import logging; logging.basicConfig(level=logging.WARNING, "
+        "format='app %(name)s %(message)s')\n"
+        "import tf_amp; logging.getLogger('tf_amp').propagate = True\n"
+    )
+    result = _run(prelude + textwrap.dedent(REWRITE_A_MATMUL))
+    lines = [line for line in result.stderr.splitlines() if "Converted" in line]
+    assert lines == [CONVERTED.replace("tf_amp: ", "app tf_amp ")], result.stderr[-2000:]
+
+
+def test_nothing_to_do_names_the_graph() -> None:
+    code = textwrap.dedent("""
+        import tensorflow as tf
+        import tf_amp
+
+        v = tf.Variable([1.0, 2.0, 3.0])
+
+        def scaled_sum(t):
+            return tf.reduce_sum(t * v) + 1.0
+
+        tf_amp.function(scaled_sum)(tf.constant([1.0, 1.0, 1.0]))
+        graph = tf.Graph()
+        with graph.as_default():
+            tf.exp(tf.compat.v1.placeholder(tf.float32, [2], name="x"), name="e")
+        tf_amp.rewrite_graph_def(graph.as_graph_def())
+    """)
+    lines = [line for line in _run(code).stderr.splitlines() if "nothing to do" in line]
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("tf_amp: no allow-list ops found in graph 'scaled_sum' of ")
+    assert lines[1] == ("tf_amp: no allow-list ops found in the graph of 2 node(s), "
+                        "nothing to do (graph unchanged)")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import sys
 from typing import Any
 
 __version__ = "0.1.0"
@@ -45,27 +46,44 @@ _LAZY_EXPORTS: dict[str, str] = {
 __all__ = sorted([*_LAZY_EXPORTS, "__version__"])
 
 
-class _StderrUntilLoggingIsConfigured(logging.StreamHandler):
-    """Shows tf_amp's INFO lines ("Converted X/Y nodes ...") in scripts that set up no logging.
+class _TfAmpStderrHandler(logging.Handler):
+    """Prints tf_amp's records to stderr as ``tf_amp: <message>``, however logging is set up.
 
-    TensorFlow's own pass printed that line by default, and users look for it. Once the
-    application configures logging (a handler on the root logger: ``basicConfig``, absl), the
-    records reach it by propagation and this handler stays quiet, so nothing is printed twice.
+    TensorFlow's own pass printed "Converted X/Y nodes ..." by default and users look for it,
+    by that text. Going through the root logger made its form depend on who configured logging
+    first (``INFO:tf_amp:Converted`` after ``logging.basicConfig()``, absl's
+    ``I1125 ... rewriter.py:215] Converted`` once absl is set up, nothing at INFO before), so
+    the ``tf_amp`` logger keeps this handler and does not propagate.
+
+    An application that wants the records in its own handlers sets
+    ``logging.getLogger("tf_amp").propagate = True``: this handler then stays quiet whenever
+    the root logger has a handler, so nothing is printed twice. Setting the logger's level (or
+    removing this handler) works as for any logger.
     """
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.setFormatter(logging.Formatter("tf_amp: %(message)s"))
+
     def emit(self, record: logging.LogRecord) -> None:
-        if not logging.getLogger().handlers:
-            super().emit(record)
+        if logging.getLogger("tf_amp").propagate and logging.getLogger().handlers:
+            return  # the application took over: its handlers get the record
+        try:
+            # sys.stderr at each record, not at import: test runners and notebooks swap it.
+            sys.stderr.write(self.format(record) + "\n")
+        except Exception:  # noqa: BLE001 - logging must never raise into the rewrite
+            self.handleError(record)
 
 
 def _install_default_log_handler() -> None:
     logger = logging.getLogger("tf_amp")
+    # By name: a reloaded package defines a new class, and the old handler must still count.
+    if any(type(h).__name__ == "_TfAmpStderrHandler" for h in logger.handlers):
+        return  # installed already (the package was reloaded)
     if logger.level == logging.NOTSET:
         logger.setLevel(logging.INFO)
-    if not any(isinstance(h, _StderrUntilLoggingIsConfigured) for h in logger.handlers):
-        handler = _StderrUntilLoggingIsConfigured()
-        handler.setFormatter(logging.Formatter("tf_amp: %(message)s"))
-        logger.addHandler(handler)
+    logger.addHandler(_TfAmpStderrHandler())
+    logger.propagate = False
 
 
 _install_default_log_handler()

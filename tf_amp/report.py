@@ -149,6 +149,7 @@ class RewriteReport:
     """Counts and decisions of one ``rewrite_graph_def`` call (all bodies together)."""
 
     target_dtype: str = "float16"
+    graph_name: str = ""  # what the caller calls the graph (a tf.function's name), for logs
     target_reason: str = ""  # why this target (tf_amp.hardware), in words
     opt_level: str = "O1"
     # Counts cover every rewritten body: the main graph plus each library function (TensorFlow

@@ -56,9 +56,12 @@ class RewriteResult:
 
 
 def rewrite_graph_def(
-    graph_def: graph_pb2.GraphDef, config: RewriteConfig | None = None
+    graph_def: graph_pb2.GraphDef, config: RewriteConfig | None = None, *, graph_name: str = ""
 ) -> RewriteResult:
     """Rewrite ``graph_def`` for mixed precision; see the module docstring.
+
+    ``graph_name`` only names the graph in log lines and the report: a GraphDef has no name of
+    its own, and "nothing to do" is useless to a user who cannot tell which graph it is about.
 
     Raises:
       TypeError: ``graph_def`` is not a GraphDef.
@@ -72,7 +75,7 @@ def rewrite_graph_def(
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _rewrite(graph_def, config)
+        return _rewrite(graph_def, config, graph_name)
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -95,10 +98,13 @@ def _probe(
     return config.replace(slow_nodes=config.slow_nodes | probe.slow_nodes(timings))
 
 
-def _rewrite(graph_def: graph_pb2.GraphDef, config: RewriteConfig) -> RewriteResult:
+def _rewrite(
+    graph_def: graph_pb2.GraphDef, config: RewriteConfig, graph_name: str = ""
+) -> RewriteResult:
     out = _copy_graph_def(graph_def)
     report = RewriteReport(
         target_dtype=config.target_dtype,
+        graph_name=graph_name,
         target_reason=config.target_reason,
         opt_level=config.opt_level,
         check_kernels=config.check_kernels,
@@ -228,13 +234,29 @@ def _copy_graph_def(graph_def: Any) -> graph_pb2.GraphDef:
     )
 
 
+def _describe_graph(report: RewriteReport, shown: int = 3) -> str:
+    """Which graph a log line is about: the caller's name for it when given (the runtime passes
+    the ``tf.function``'s), its size, and its library functions, which carry the user's names
+    too (``__inference_train_step_123``)."""
+    main = report.bodies[0].view.num_real if report.bodies else report.nodes_before
+    functions = [body.name for body in report.bodies if body.name]
+    named = f"graph {report.graph_name!r}" if report.graph_name else "the graph"
+    text = f"{named} of {main} node(s)"
+    if functions:
+        listed = ", ".join(functions[:shown])
+        more = f", and {len(functions) - shown} more" if len(functions) > shown else ""
+        text += f" and {len(functions)} function(s) ({listed}{more})"
+    return text
+
+
 def _log(report: RewriteReport) -> None:
     for key, count in sorted(report.pass_counts.items()):
         logger.debug("tf_amp pass %s changed %d vertices", key, count)
     if report.changed:
         logger.info(report.summary_line())
     else:
-        logger.info("no allow-list ops found, nothing to do (graph unchanged)")
+        logger.info("no allow-list ops found in %s, nothing to do (graph unchanged)",
+                    _describe_graph(report))
     if report.unknown_ops:
         shown = ", ".join(f"{node} ({op})" for _, node, op in report.unknown_ops[:5])
         logger.warning(

@@ -11,9 +11,11 @@ differ").
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import itertools
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from tensorflow.core.framework import attr_value_pb2, graph_pb2
@@ -22,6 +24,19 @@ from tensorflow.python.grappler import tf_optimizer
 
 _LOG = logging.getLogger("tf_amp")
 _UID = itertools.count()
+# The name of the graph being rewritten, for log lines: set around a RewriteFn call, because a
+# RewriteFn takes (graph_def, keep) only and callers may pass their own.
+_GRAPH_NAME: contextvars.ContextVar[str] = contextvars.ContextVar("tf_amp_graph_name", default="")
+
+
+@contextlib.contextmanager
+def naming_graph(name: str) -> Iterator[None]:
+    """Within this block, the default rewrite names its graph ``name`` in its log lines."""
+    token = _GRAPH_NAME.set(name)
+    try:
+        yield
+    finally:
+        _GRAPH_NAME.reset(token)
 
 # (graph_def, names of nodes whose dtypes must not change) -> rewritten graph_def
 RewriteFn = Callable[[graph_pb2.GraphDef, frozenset], graph_pb2.GraphDef]
@@ -163,7 +178,7 @@ def default_rewrite(config=None, reports: list | None = None, **forced: Any) -> 
         effective = base.replace(
             preserve_nodes=frozenset(base.preserve_nodes) | set(keep), **forced
         )
-        result = rewrite_graph_def(graph_def, effective)
+        result = rewrite_graph_def(graph_def, effective, graph_name=_GRAPH_NAME.get())
         if reports is not None:
             reports.append(result.report)
         return result.graph_def
