@@ -17,6 +17,7 @@ Environment variables read by ``from_env``:
 - ``TF_AMP_TARGET_DTYPE``: auto (the default here) | float16 | bfloat16 (see ``tf_amp.hardware``);
 - ``TF_AMP_ELIGIBLE_DEVICES``: all | gpu;
 - ``TF_AMP_EXCLUDE_SCOPES``: comma-separated name scopes kept in float32;
+- ``TF_AMP_INFER_FOLLOWS_ALLOW``: 1 (default) | 0 (TensorFlow's pass 4 off; see the field);
 - ``TF_AMP_PROBE``: 1 | 0 (time the allow/infer ops at their shapes first: ``tf_amp.probe``);
 - ``TF_AMP_CHECK_KERNELS``: 1 | 0 (0 = trust the OpDef, for GPU-targeted rewriting on a
   machine whose TensorFlow has no GPU kernels).
@@ -221,6 +222,7 @@ class RewriteConfig:
             values["exclude_scopes"] = tuple(scopes)
         values["check_kernels"] = _env_bool(env, "TF_AMP_CHECK_KERNELS", True)
         values["probe"] = _env_bool(env, "TF_AMP_PROBE", False)
+        values["infer_follows_allow"] = _env_bool(env, "TF_AMP_INFER_FOLLOWS_ALLOW", True)
         overrides = dict(overrides)
         base_lists = overrides.pop("lists", None)
         if requested == "auto":
