@@ -138,3 +138,12 @@ def test_function_runs_the_traced_graph_when_the_target_is_float32(cpu) -> None:
     assert step.get_concrete_function(x) is step.get_original_concrete_function(x)
     (report,) = step.reports
     assert report.target_dtype == "float32" and "AVX512-BF16" in report.target_reason
+
+
+def test_infer_follows_allow_is_on_unless_the_environment_turns_it_off() -> None:
+    # TensorFlow's pass 4 runs by default (its GPU and oneDNN passes both run it).
+    assert RewriteConfig.from_env({}).infer_follows_allow is True
+    off = RewriteConfig.from_env({"TF_AMP_INFER_FOLLOWS_ALLOW": "0"})
+    assert off.infer_follows_allow is False
+    with pytest.raises(ValueError, match="TF_AMP_INFER_FOLLOWS_ALLOW"):
+        RewriteConfig.from_env({"TF_AMP_INFER_FOLLOWS_ALLOW": "sometimes"})
