@@ -155,7 +155,7 @@ class RewriteConfig:
         object.__setattr__(self, "exclude_scopes", tuple(self.exclude_scopes))
         object.__setattr__(self, "slow_nodes", frozenset(self.slow_nodes))
         object.__setattr__(self, "level", self.level.upper())
-        _check_choice("target_dtype", self.target_dtype, TARGET_DTYPES + ("float32",))
+        _check_choice("target_dtype", self.target_dtype, ("auto",) + RESOLVED_TARGETS)
         _check_choice("eligible_devices", self.eligible_devices, ELIGIBLE_DEVICES)
         _check_choice("opt_level", self.opt_level, OPT_LEVELS)
         _check_choice("level", self.level, LEVELS)
@@ -184,8 +184,9 @@ class RewriteConfig:
 
     def resolved_lists(self) -> OpLists:
         """The lists the painter uses: ``lists`` (or the defaults) with ``level`` applied."""
-        target = self.target_dtype if self.target_dtype != "float32" else "float16"
-        base = self.lists if self.lists is not None else OpLists.default(target)
+        base = self.lists if self.lists is not None else OpLists.default(
+            _lists_target(self.target_dtype)
+        )
         return base.with_level(self.level)
 
     def replace(self, **changes: Any) -> RewriteConfig:
@@ -226,17 +227,16 @@ class RewriteConfig:
         overrides = dict(overrides)
         base_lists = overrides.pop("lists", None)
         if requested == "auto":
-            # The lists depend on the target, and "auto" depends on the device type.
+            # Resolved here, not in __post_init__: the lists below depend on the target.
             device = overrides.get("default_device_type", "auto")
-            probe = cls(target_dtype="auto", default_device_type=device)
-            values["target_dtype"], values["target_reason"] = (
-                probe.target_dtype,
-                probe.target_reason,
-            )
-        lists_target = values["target_dtype"] if values["target_dtype"] != "float32" else "float16"
+            choice = hardware.choose_target(local_device_type() if device == "auto" else device)
+            values["target_dtype"], values["target_reason"] = choice.dtype, choice.reason
         try:
             values["lists"] = OpLists.from_env(
-                env, target_dtype=lists_target, base=base_lists, apply_level=False
+                env,
+                target_dtype=_lists_target(values["target_dtype"]),
+                base=base_lists,
+                apply_level=False,
             )
         except ValueError as err:
             raise ValueError(f"Bad list environment variable: {err}") from err
@@ -246,6 +246,11 @@ class RewriteConfig:
         if unknown:
             raise TypeError(f"Unknown RewriteConfig field(s): {sorted(unknown)}")
         return cls(**values)
+
+
+def _lists_target(target_dtype: str) -> str:
+    """Whose default lists a target uses: a float32 target rewrites nothing, so any will do."""
+    return "float16" if target_dtype == "float32" else target_dtype
 
 
 def _check_choice(name: str, value: object, choices: Iterable[str]) -> None:

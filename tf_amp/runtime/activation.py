@@ -177,20 +177,13 @@ def current() -> Settings | None:
 
 def rewrite_enabled_globally() -> bool:
     """True when the environment activation turned the graph rewrite on for every model."""
-    return _ACTIVE is not None and bool(_resolved(_ACTIVE).graph_rewrite)
+    with _LOCK:
+        return _ACTIVE is not None and bool(_resolve_active().graph_rewrite)
 
 
 def loss_scaling_enabled_globally() -> bool:
-    return _ACTIVE is not None and bool(_resolved(_ACTIVE).loss_scaling)
-
-
-def _resolved(settings: Settings) -> Settings:
-    """``settings`` with "where the target needs it" decided (imports TensorFlow if needed)."""
-    if settings.graph_rewrite is not None and settings.loss_scaling is not None:
-        return settings
-    from tf_amp.config import process_target
-
-    return settings.for_target(process_target())
+    with _LOCK:
+        return _ACTIVE is not None and bool(_resolve_active().loss_scaling)
 
 
 def activate_from_env(environ: Mapping[str, str] | None = None) -> Settings | None:
@@ -266,8 +259,9 @@ def activated(settings: Settings | None = None) -> Iterator[Settings]:
 
 
 def _resolve_active() -> Settings:
-    """Decides the "where needed" halves of the active settings, once TensorFlow is loaded,
-    and says what was decided and why (once)."""
+    """Decides the "where needed" halves of the active settings (once, when TensorFlow is
+    loaded, or at the first question about them) and says what was decided and why. Called
+    with ``_LOCK`` held."""
     global _ACTIVE
     assert _ACTIVE is not None
     if _ACTIVE.graph_rewrite is not None and _ACTIVE.loss_scaling is not None:

@@ -205,6 +205,14 @@ def _import(
     return new_outputs, list(elements[len(fetch_names) :])
 
 
+def _unchanged_report(config: Any) -> Any:
+    """The report of a trace left as traced, saying why (the target, or opt level O0)."""
+    from tf_amp.report import RewriteReport
+
+    reason = config.target_reason if config.opt_level != "O0" else "opt level O0"
+    return RewriteReport(target_dtype=config.target_dtype, target_reason=reason)
+
+
 class Function:
     """A ``tf.function`` whose every concrete function runs the mixed-precision rewrite.
 
@@ -228,6 +236,7 @@ class Function:
         self._jit_compile = jit_compile
         self._rewrite_config = rewrite_config
         self._rewrite = rewrite
+        self._caller_rewrite = rewrite is not None  # a caller's rewrite decides for itself
         self._tf_function_kwargs = dict(tf_function_kwargs)
         # TensorFlow's own implementation, not the public name: the environment activation may
         # have pointed ``tf.function`` at us. Traced under jit_compile too, so code that must not
@@ -266,34 +275,24 @@ class Function:
             cached = self._cache.get(key)
             if cached is not None and cached[0] is original:
                 return cached[1]
-            if self._keeps_float32():
-                rebuilt = original  # nothing would change: no rebuild, no cost
+            config = None if self._caller_rewrite else self._config()
+            if config is not None and not config.rewrites:
+                rebuilt = original  # float32 target or O0: nothing would change, no rebuild
+                self.reports.append(_unchanged_report(config))
             else:
                 rebuilt = rebuild_concrete_function(
-                    original, self._rewrite_fn(), self._jit_compile, self._wants_probe()
+                    original, self._rewrite_fn(), self._jit_compile,
+                    add_shapes=config is not None and config.probe,
                 )
             self._cache[key] = (original, rebuilt)
             return rebuilt
 
-    def _wants_probe(self) -> bool:
+    def _config(self) -> Any:
+        """The config this trace is rewritten with (read from the environment at trace time
+        when none was given, as ``default_rewrite`` does)."""
         from tf_amp.config import RewriteConfig
 
-        return (self._rewrite_config or RewriteConfig.from_env()).probe
-
-    def _keeps_float32(self) -> bool:
-        """True when the target is float32 (no fast reduced precision here, or O0): the traced
-        function runs as it is, and a report says why."""
-        if self._rewrite is not None:
-            return False  # a caller-supplied rewrite decides for itself
-        from tf_amp.config import RewriteConfig
-        from tf_amp.report import RewriteReport
-
-        config = self._rewrite_config or RewriteConfig.from_env()
-        if config.rewrites:
-            return False
-        reason = config.target_reason if config.opt_level != "O0" else "opt level O0"
-        self.reports.append(RewriteReport(target_dtype=config.target_dtype, target_reason=reason))
-        return True
+        return self._rewrite_config or RewriteConfig.from_env()
 
     def concrete_functions(self) -> list[Any]:
         """The rewritten concrete functions built so far (one per traced input signature)."""
