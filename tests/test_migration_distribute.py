@@ -174,7 +174,13 @@ def facts() -> dict:
     """Each scenario in a process of its own, all started at once. Why not one process: the
     strategies of one process reuse collective instance keys, and TensorFlow keeps the shape
     an instance first had, so scenarios reducing different shapes would trip each other."""
-    source = SCRIPT.replace("# SCENARIOS", "\n".join(SCENARIOS))
+    return run_scenarios("\n".join(SCENARIOS), NAMES)
+
+
+def run_scenarios(scenarios: str, names: list[str]) -> dict:
+    """Runs each named scenario of ``scenarios`` (source defining ``@scenario`` functions) in
+    a process of its own, all at once; returns each one's facts (or its ``error``)."""
+    source = SCRIPT.replace("# SCENARIOS", scenarios)
     env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
     running = {
         name: subprocess.Popen(
@@ -184,7 +190,7 @@ def facts() -> dict:
             stderr=subprocess.PIPE,
             text=True,
         )
-        for name in NAMES
+        for name in names
     }
     found = {}
     for name, process in running.items():

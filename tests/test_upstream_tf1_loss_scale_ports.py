@@ -14,10 +14,7 @@ Where tf_amp differs on purpose the test says so and asserts tf_amp's behaviour 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -27,7 +24,7 @@ import pytest
 import tensorflow as tf
 
 import tf_amp
-from tests.test_migration_distribute import ROOT, SCRIPT
+from tests.test_migration_distribute import run_scenarios
 from tf_amp.enable import is_rewrite_enabled, optimizer_wants_rewrite
 from tf_amp.loss_scale import DynamicLossScale
 from tf_amp.optimizers.v1 import V1LossScaleOptimizer
@@ -410,22 +407,9 @@ V1_STRATEGY_NAMES = ["v1_dynamic_update", "v1_momentum_slots"]
 @pytest.fixture(scope="module")
 def strategy_facts() -> dict[str, Any]:
     """Each scenario's facts, from subprocesses started at once (2 logical CPUs each)."""
-    source = SCRIPT.replace("# SCENARIOS", V1_STRATEGY_PORTS)
-    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
-    running = {
-        name: subprocess.Popen(
-            [sys.executable, "-c", source, name], env=env, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True,
-        )
-        for name in V1_STRATEGY_NAMES
-    }
-    found = {}
-    for name, process in running.items():
-        out, err = process.communicate(timeout=300)
-        assert process.returncode == 0, err[-4000:]
-        got = json.loads(out.strip().splitlines()[-1])
+    found = run_scenarios(V1_STRATEGY_PORTS, V1_STRATEGY_NAMES)
+    for got in found.values():
         assert "error" not in got, got.get("error")
-        found[name] = got
     return found
 
 
