@@ -62,7 +62,7 @@ def test_convergence_parity_over_three_seeds(tmp_path: Path) -> None:
     env["TF_AMP_TARGET_DTYPE"] = "float16"  # loss scaling on, whatever the machine
     proc = subprocess.run(
         [sys.executable, str(REPO / "examples" / "train_digits.py"), "--parity",
-         "--epochs=12", "--image_size=8", "--batch_size=32", f"--logdir={tmp_path}",
+         "--epochs=12", "--image_size=8", "--width=32", "--batch_size=32", f"--logdir={tmp_path}",
          "--noprogress"],
         env=env, capture_output=True, text=True, timeout=480,
     )
