@@ -128,6 +128,14 @@ class RewriteConfig:
         tf_amp/_gpu_oracle.py and tests/test_differential_gpu.py), so the default paints like
         TensorFlow's GPU pass. ``False`` is kept as an option: fewer ops in half (on the LSTM/GRU
         test graph also fewer Casts), so less of the model on the Tensor Cores.
+      guard_normalization: keep the two nodes of a batch/layer normalization whose half
+        rounding cancels, ``x * inv`` and ``x * inv + (offset - mean * inv)``, in float32
+        (``tf_amp.normalization_guard`` says why and what was measured); never at O3, which
+        asks for every op. None (the default) means: for float16, where it was measured
+        (closer to float32, and fewer Casts than TensorFlow's GPU pass on every test graph);
+        not for bfloat16, whose reference is TensorFlow's oneDNN pass and where the guard
+        adds Casts (keras_cnn: 15 to float32 against TensorFlow's 12) at a speed not yet
+        measured on a CPU with AMX.
     """
 
     target_dtype: str = "float16"
@@ -146,6 +154,7 @@ class RewriteConfig:
     fold_constant_casts: bool = True
     infer_follows_allow: bool = True
     probe: bool = False
+    guard_normalization: bool | None = None
     slow_nodes: frozenset[str] = field(default_factory=frozenset)
 
     def __post_init__(self) -> None:
@@ -176,6 +185,13 @@ class RewriteConfig:
             return
         object.__setattr__(self, "target_dtype", choice.dtype)
         object.__setattr__(self, "target_reason", choice.reason)
+
+    @property
+    def guards_normalization(self) -> bool:
+        """Whether the painter keeps normalizations' cancelling sums float32 (see the field)."""
+        if self.guard_normalization is not None:
+            return self.guard_normalization
+        return self.target_dtype == "float16"
 
     @property
     def rewrites(self) -> bool:
@@ -224,6 +240,7 @@ class RewriteConfig:
         values["check_kernels"] = _env_bool(env, "TF_AMP_CHECK_KERNELS", True)
         values["probe"] = _env_bool(env, "TF_AMP_PROBE", False)
         values["infer_follows_allow"] = _env_bool(env, "TF_AMP_INFER_FOLLOWS_ALLOW", True)
+        values["guard_normalization"] = parse_flag(env, "TF_AMP_GUARD_NORMALIZATION")
         overrides = dict(overrides)
         base_lists = overrides.pop("lists", None)
         if requested == "auto":

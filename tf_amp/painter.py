@@ -39,6 +39,7 @@ from tensorflow.python.framework import kernels
 
 from tf_amp.config import RewriteConfig
 from tf_amp.lists import ALLOW, CLEAR, DENY, INFER, OpLists
+from tf_amp.normalization_guard import normalization_sum_nodes
 from tf_amp.type_attrs import (
     ARG_OP,
     DT_BFLOAT16,
@@ -298,6 +299,7 @@ class Painter:
             else:
                 self.node_eligible[n] = 1
         self._exclude_backward_of_excluded(view)
+        self._guard_normalization_sums(view)
         for n in range(view.num_real, len(view.names)):
             self.node_block[n] = "function-boundary"
 
@@ -328,6 +330,17 @@ class Painter:
                     self.node_eligible[n] = 0
                     self.node_block[n] = "excluded"
                     break
+
+    def _guard_normalization_sums(self, view: BodyView) -> None:
+        """Keeps float32 the ``x * inv + shift`` of each normalization (see
+        ``tf_amp.normalization_guard``): its half rounding cancels to a large error."""
+        forced_all = self.config.opt_level == "O3" or self.config.level == "UNSAFE_FORCE_ALL"
+        if not self.config.guards_normalization or forced_all:
+            return
+        for n in normalization_sum_nodes(view):
+            if self.node_eligible[n]:
+                self.node_eligible[n] = 0
+                self.node_block[n] = "normalization"
 
     def supports_half(self, v: int) -> bool:
         """OpDef allows the target type for this attr, and (unless disabled) a kernel with it

@@ -82,6 +82,9 @@ _BLOCK_TEXT: dict[str, str] = {
     "float32-view": "the float32 view an earlier name-preserving rewrite left under the old "
     "name of an op it turned half: kept float32",
     "device": "not placed on a GPU (eligible_devices='gpu'): not processed",
+    "normalization": "{op} of a normalization's x * inv + (offset - mean * inv): the two "
+    "terms cancel, so half rounding would give a large error; kept float32 as Keras keeps "
+    "its normalization layers (tf_amp.normalization_guard)",
     "measured-slow": "op {op} measured slower in the target than in float32 at its shapes on "
     "this machine (tf_amp.probe): kept float32",
 }
