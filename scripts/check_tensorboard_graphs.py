@@ -381,6 +381,10 @@ PAGE_STATE_JS = r"""(() => {
     model_nodes: [...new Set(model)].sort(),
     scene_nodes: all.filter((el) => el.localName === 'g' && el.classList.contains('node'))
       .map((el) => el.getAttribute('data-name') || ''),
+    // where each drawn node is: unchanged between two looks once the scene's animations end
+    scene_layout: all.filter((el) => el.localName === 'g' && el.classList.contains('node'))
+      .map((el) => [el.getAttribute('data-name'), el.getAttribute('transform'),
+        getComputedStyle(el).opacity, JSON.stringify(el.getBoundingClientRect())].join(' ')),
     messages: tag('paper-toast').filter((el) => el.opened).map(text)
       .concat(tag('div').filter((el) => el.children.length === 0
         && text(el).startsWith('""" + FAILED_TEXT + r"""')).map(text)),
@@ -410,18 +414,28 @@ class GraphsTab:
         state["model_nodes"] = sorted({logged_name(n) for n in state.get("model_nodes", [])})
         return state
 
-    def wait(self, what: str, done: Any, explain: Any = None) -> dict[str, Any]:
-        """Polls the page until ``done(state)``; fails with the last state after the timeout
-        (and ``explain(state)``, when given)."""
+    def wait(
+        self, what: str, done: Any, explain: Any = None, settled: bool = False
+    ) -> dict[str, Any]:
+        """Polls the page until ``done(state)`` (and, if ``settled``, until the drawn scene is
+        the same in two looks 0.5 s apart: no node still fading in, out or moving); fails with
+        the last state after the timeout (and ``explain(state)``, when given)."""
         deadline = time.monotonic() + self.timeout
+        previous: list[str] | None = None
         while True:
             state = self.state()
             if any(FAILED_TEXT in m for m in state.get("messages", [])):
                 raise CheckFailed(f"TensorBoard shows: {state['messages']}")
             if done(state):
-                return state
+                if not settled or state["scene_layout"] == previous:
+                    return state
+                previous = state["scene_layout"]
+                time.sleep(0.5)
+                continue
+            previous = None
             if time.monotonic() > deadline:
-                shown = {k: v for k, v in state.items() if k not in ("model_nodes", "items")}
+                hidden = ("model_nodes", "items", "scene_layout")
+                shown = {k: v for k, v in state.items() if k not in hidden}
                 extra = f"; {explain(state)}" if explain else ""
                 raise CheckFailed(
                     f"{what}: not seen in {self.timeout:.0f} s; page: {shown}{extra}"
@@ -482,6 +496,7 @@ def check_browser(
                     lambda s: s.get("dashboard")
                     and set(runs) <= {i["text"] for i in s["items"]}
                     and s["scene_nodes"] and s["progress"] == 100,
+                    settled=True,
                 )
                 loaded = round(time.monotonic() - started, 1)
                 for kind, run in rewrite["runs"].items():
@@ -497,6 +512,7 @@ def check_browser(
                         lambda s, logged=logged: "graph model: missing "
                         f"{sorted(set(logged) - set(s['model_nodes']))}, extra "
                         f"{sorted(set(s['model_nodes']) - set(logged))}",
+                        settled=True,
                     )
                     if out:
                         tab.screenshot(os.path.join(out, f"graphs_{kind}.png"))
