@@ -559,6 +559,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.out:
         os.makedirs(args.out, exist_ok=True)
+    # SIGTERM (a CI timeout, a test runner giving up) ends this the way Ctrl-C does: through
+    # the finally clauses that stop TensorBoard and Chromium.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     report: dict[str, Any] = {"ok": False}
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="tf-amp-tb-check-") as tmp:
