@@ -8,11 +8,15 @@
    was logged (the node names of the ``.pb`` file; the ``after`` graph holds tf_amp's casts to
    the half type, the ``before`` graph none).
 3. Drives headless Chromium over the DevTools protocol (``--remote-debugging-pipe``: NUL-separated
-   JSON on file descriptors 3 and 4, no port and no websocket library) to load the Graphs tab
-   for each run (``#graphs&run=RUN``), and reads the rendered page, shadow roots included: the
-   run menu lists both runs with the wanted one selected, the graph scene has drawn nodes, the
-   ``after`` scene draws a tf_amp cast and the ``before`` scene none, and no "Graph
-   visualization failed" message is shown. A screenshot of each goes to ``--out``.
+   JSON on file descriptors 3 and 4, no port and no websocket library). It opens the Graphs tab
+   (``/#graphs``) and reads the rendered page, shadow roots included: the Run menu lists both
+   runs and a graph is drawn. Then, for each run, it opens the Run menu and clicks the run (mouse
+   events at the item's place, as a person would; a ``#graphs&run=RUN`` link does not do it in
+   TensorBoard 2.21: the dashboard takes the run, but its menu and the drawn graph stay on the
+   first run) and waits until the menu shows it, TensorBoard's in-page model of the drawn graph
+   holds exactly the logged graph's nodes, and the scene has settled. The ``after`` scene must
+   draw a tf_amp cast and the ``before`` scene none; a "Graph visualization failed" message or
+   an exception thrown in the page fails the check. A screenshot of each goes to ``--out``.
 
 Prints one JSON report; exits 0 when every check passed, 1 when one failed, 2 when no Chromium
 was found (``apt-get install chromium``). Every process it starts is ended on the way out.
