@@ -8,8 +8,9 @@ Files per rewrite (``<id>`` = process id and a per-process counter, ``<ms>`` = w
 - ``decisions_AutoMixedPrecision_<id>_<ms>.jsonl``: one JSON object per float32 vertex
   (colour, list, pass, neighbour, reason in words) plus a first summary line;
 - ``tensorboard/<id>_<ms>/{before,after}/events.out.tfevents.*``: both graphs as TensorBoard
-  runs. TensorBoard's graph view rejects ``_class`` colocation attrs that name nodes it cannot
-  see (TensorFlow's own dumps fail that way), so those attrs are stripped from these copies.
+  runs, with the ``_class`` colocation attrs stripped: placement hints a viewer does not need,
+  which in TensorFlow's own dumps can name nodes the copy lacks (TensorBoard 2.21 draws such a
+  graph anyway, checked by scripts/check_tensorboard_graphs.py; other viewers may not).
 """
 
 from __future__ import annotations
