@@ -125,7 +125,7 @@ class RewriteConfig:
         Conv2D). On by default because TensorFlow 2.21 runs it in every mode, its CUDA GPU
         pass included: verified with the CUDA build on a virtual GPU (its log says "Beginning
         pass 4 to add infer list ops to allow if they directly follow allow nodes"; see
-        tf_amp/_gpu_oracle.py and tests/test_differential_gpu.py), so the default paints like
+        tests/_gpu_oracle.py and tests/test_differential_gpu.py), so the default paints like
         TensorFlow's GPU pass. ``False`` is kept as an option: fewer ops in half (on the LSTM/GRU
         test graph also fewer Casts), so less of the model on the Tensor Cores.
     """
