@@ -12,13 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from tf_amp.painter import (
-    ALLOW_C,
-    CAT_ALLOW,
-    CAT_CLEAR,
-    CAT_DENY,
-    CAT_INFER,
-    DENY_C,
+from tf_amp.painter import ALLOW_C, CAT_ALLOW, CAT_CLEAR, CAT_DENY, CAT_INFER, DENY_C, Painting
+from tf_amp.painter.reasons import (
     R_ALLOW_LIST,
     R_BETWEEN_ALLOW,
     R_CAST_RETARGET,
@@ -33,7 +28,6 @@ from tf_amp.painter import (
     R_TENSOR_LIST_MATCH_ALLOW,
     R_TENSOR_LIST_MATCH_DENY,
     R_TENSOR_LIST_UNSAFE,
-    Painting,
 )
 from tf_amp.type_attrs import BodyView, device_type
 

@@ -1,0 +1,19 @@
+"""Reason codes: what painted (or unpainted) a vertex; the report puts them into words."""
+
+from __future__ import annotations
+
+R_NONE = 0
+R_ALLOW_LIST = 1
+R_FORCED_LEVEL = 2
+R_DENY_LIST = 3
+R_DENY_PROPAGATED = 4
+R_TENSOR_LIST_UNSAFE = 5
+R_TENSOR_LIST_MATCH_ALLOW = 6
+R_TENSOR_LIST_MATCH_DENY = 7
+R_BETWEEN_ALLOW = 8
+R_CLEAR_PROPAGATED = 9
+R_NO_HALF_SUPPORT = 10
+R_RECURRENT_UNPAINT = 11
+R_RECURRENT_PAINT = 12
+R_CAST_RETARGET = 13
+R_FOLLOWS_ALLOW = 14
