@@ -4,8 +4,9 @@ A node is *eligible* unless something outside numerics pins its dtype: a feed or
 caller preserves, an op the probe measured slower in the target, state (constants, variables,
 checkpoints, transfers), an op whose dtype is what it computes, a function call (its body is
 rewritten instead), an excluded name scope or ``_tf_amp_exclude`` attr, a node on the wrong
-device, an op TensorFlow does not know. The reason is kept per node (``node_block``) so the
-report can say it in words. Gradient ops of an excluded region are excluded with it.
+device, an op TensorFlow does not know. The reason is kept per node (``node_block``, a
+``Block``) so the report can say it in words. Gradient ops of an excluded region are
+excluded with it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import re
 from tf_amp.config import RewriteConfig
 from tf_amp.lists import OpLists
 from tf_amp.painter.colours import CAT_NONE, CATEGORY_OF_LIST
+from tf_amp.painter.reasons import Block
 from tf_amp.type_attrs import (
     EXCLUDE_NOT_READ,
     EXCLUDE_USER,
@@ -100,7 +102,7 @@ def node_eligibility(
     preserve: frozenset[str],
     slow: frozenset[str],
 ) -> tuple[bytearray, list[str]]:
-    """(per node: 1 if it may change, per node: why not, "" when eligible).
+    """(per node: 1 if it may change, per node: the ``Block`` saying why not, "" if it may).
 
     Pseudo-nodes (``_Arg``/``_Retval``) are never eligible: they are the function boundary.
     """
@@ -116,38 +118,38 @@ def node_eligibility(
         info = view.infos[n]
         op = view.ops[n]
         name = view.names[n]
-        block = ""
+        block: str = ""
         if info is None:
-            block = "unknown-op"
+            block = Block.UNKNOWN_OP
         elif name in preserve:
-            block = "preserved"
+            block = Block.PRESERVED
         elif name in slow:
-            block = "measured-slow"
+            block = Block.MEASURED_SLOW
         elif op in PINNED_OPS or info.touches_state:
-            block = "state"
+            block = Block.STATE
         elif op in DTYPE_BOUND_OPS:
-            block = "dtype-bound"
+            block = Block.DTYPE_BOUND
         elif info.is_function or info.has_func_attr:
-            block = "function"
+            block = Block.FUNCTION
         elif prefixes and (name in scope_set or name.startswith(prefixes)):
-            block = "excluded"
+            block = Block.EXCLUDED
         elif gpu_only and device_type(view.devices[n], default_dev) != "GPU":
-            block = "device"
+            block = Block.DEVICE
         else:
             mark = exclude_attr[n]
             if mark == EXCLUDE_NOT_READ:
                 mark = exclude_mark(view.protos[n].attr)
             if mark == EXCLUDE_USER:
-                block = "excluded"
+                block = Block.EXCLUDED
             elif mark == EXCLUDE_VIEW:
-                block = "float32-view"
+                block = Block.FLOAT32_VIEW
         if block:
             node_block[n] = block
         else:
             node_eligible[n] = 1
     _exclude_backward_of_excluded(view, node_eligible, node_block)
     for n in range(view.num_real, len(view.names)):
-        node_block[n] = "function-boundary"
+        node_block[n] = Block.FUNCTION_BOUNDARY
     return node_eligible, node_block
 
 
@@ -163,7 +165,7 @@ def _exclude_backward_of_excluded(
     (TF1 ``tf.gradients``), so a gradient op whose forward path lies under an excluded node
     is excluded too.
     """
-    excluded = {view.names[n] for n in range(view.num_real) if node_block[n] == "excluded"}
+    excluded = {view.names[n] for n in range(view.num_real) if node_block[n] == Block.EXCLUDED}
     if not excluded:
         return
     for n in range(view.num_real):
@@ -177,5 +179,5 @@ def _exclude_backward_of_excluded(
         for depth in range(1, len(parts) + 1):
             if "/".join(parts[:depth]) in excluded:
                 node_eligible[n] = 0
-                node_block[n] = "excluded"
+                node_block[n] = Block.EXCLUDED
                 break

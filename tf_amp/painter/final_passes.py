@@ -13,12 +13,7 @@
 from __future__ import annotations
 
 from tf_amp.painter.colours import ALLOW_C, NONE
-from tf_amp.painter.reasons import (
-    R_CAST_RETARGET,
-    R_NO_HALF_SUPPORT,
-    R_RECURRENT_PAINT,
-    R_RECURRENT_UNPAINT,
-)
+from tf_amp.painter.reasons import Reason
 from tf_amp.painter.state import PaintState
 
 
@@ -27,7 +22,7 @@ def remove_allow_without_half(state: PaintState) -> None:
     n = 0
     for v in range(state.view.num_vertices):
         if state.colour[v] == ALLOW_C and not state.half.supports_half(v):
-            state.paint(v, NONE, R_NO_HALF_SUPPORT)
+            state.paint(v, NONE, Reason.NO_HALF_SUPPORT)
             n += 1
     state.count("remove_allow_without_half", n)
 
@@ -50,17 +45,17 @@ def force_recurrent_edge_colour_match(state: PaintState) -> None:
         )
         if all_allow:
             if state.colour[vn] != ALLOW_C and state.can_paint(vn):
-                state.paint(vn, ALLOW_C, R_RECURRENT_PAINT, merges[0])
+                state.paint(vn, ALLOW_C, Reason.RECURRENT_PAINT, merges[0])
                 n += 1
             elif state.colour[vn] != ALLOW_C:
                 for m in merges:
-                    state.paint(m, NONE, R_RECURRENT_UNPAINT, vn)
+                    state.paint(m, NONE, Reason.RECURRENT_UNPAINT, vn)
                     n += 1
         else:
             not_allow = next((m for m in merges if state.colour[m] != ALLOW_C), vn)
             for m in [*merges, vn]:
                 if state.colour[m] == ALLOW_C:
-                    state.paint(m, NONE, R_RECURRENT_UNPAINT, not_allow)
+                    state.paint(m, NONE, Reason.RECURRENT_UNPAINT, not_allow)
                     n += 1
     state.count("force_recurrent_edge_colour_match", n)
 
@@ -89,6 +84,6 @@ def retarget_casts_to_half(state: PaintState) -> None:
     for s, ok in all_allow.items():
         v = cast_nodes[s]
         if ok and state.colour[v] != ALLOW_C and state.can_paint(v):
-            state.paint(v, ALLOW_C, R_CAST_RETARGET)
+            state.paint(v, ALLOW_C, Reason.CAST_RETARGET)
             n += 1
     state.count("retarget_casts_to_half", n)

@@ -17,15 +17,7 @@
 from __future__ import annotations
 
 from tf_amp.painter.colours import ALLOW_C, CAT_ALLOW, CAT_CLEAR, CAT_DENY, CAT_INFER, DENY_C, NONE
-from tf_amp.painter.reasons import (
-    R_ALLOW_LIST,
-    R_BETWEEN_ALLOW,
-    R_CLEAR_PROPAGATED,
-    R_DENY_LIST,
-    R_DENY_PROPAGATED,
-    R_FOLLOWS_ALLOW,
-    R_FORCED_LEVEL,
-)
+from tf_amp.painter.reasons import Reason
 from tf_amp.painter.state import PaintState
 from tf_amp.type_attrs import BodyView
 
@@ -44,7 +36,7 @@ def add_allow_list_ops(state: PaintState) -> int:
         if level == "O1":
             if cat != CAT_ALLOW:
                 continue
-            reason = R_ALLOW_LIST
+            reason = Reason.ALLOW_LIST
         else:
             if level == "O2" and cat == CAT_DENY:
                 continue
@@ -53,7 +45,7 @@ def add_allow_list_ops(state: PaintState) -> int:
             # Cast. retarget_casts_to_half handles Casts whose readers are all half.
             if cat != CAT_ALLOW and state.view.ops[state.view.v_node[v]] == "Cast":
                 continue
-            reason = R_ALLOW_LIST if cat == CAT_ALLOW else R_FORCED_LEVEL
+            reason = Reason.ALLOW_LIST if cat == CAT_ALLOW else Reason.FORCED_LEVEL
         if state.can_paint(v):
             state.paint(v, ALLOW_C, reason)
             n += 1
@@ -83,7 +75,7 @@ def propagate_deny_forward(state: PaintState) -> None:
     stack = []
     for v in range(view.num_vertices):
         if cat[v] == CAT_DENY and colour[v] != DENY_C:
-            state.paint(v, DENY_C, R_DENY_LIST)
+            state.paint(v, DENY_C, Reason.DENY_LIST)
             stack.append(v)
             n += 1
     if level == "O2":  # O2 keeps only the deny-list ops themselves in float32
@@ -92,7 +84,7 @@ def propagate_deny_forward(state: PaintState) -> None:
         v = stack.pop()
         for w in fanout[v]:
             if upstream[w] and colour[w] != DENY_C and cat[w] != CAT_ALLOW:
-                state.paint(w, DENY_C, R_DENY_PROPAGATED, v)
+                state.paint(w, DENY_C, Reason.DENY_PROPAGATED, v)
                 stack.append(w)
                 n += 1
     state.count("propagate_deny_forward", n)
@@ -126,7 +118,7 @@ def add_clear_and_infer_between_allow(state: PaintState) -> None:
             if downstream[u] and not seen[u]:
                 seen[u] = 1
                 if colour[u] != ALLOW_C:
-                    state.paint(u, ALLOW_C, R_BETWEEN_ALLOW, v)
+                    state.paint(u, ALLOW_C, Reason.BETWEEN_ALLOW, v)
                     n += 1
                 stack.append(u)
     state.count("add_clear_and_infer_between_allow", n)
@@ -157,7 +149,7 @@ def add_infer_following_allow(state: PaintState) -> None:
             if colour[u] == ALLOW_C and cause < 0:
                 cause = u
         if cause >= 0:
-            state.paint(v, ALLOW_C, R_FOLLOWS_ALLOW, cause)
+            state.paint(v, ALLOW_C, Reason.FOLLOWS_ALLOW, cause)
             n += 1
     state.count("add_infer_following_allow", n)
 
@@ -180,7 +172,7 @@ def propagate_allow_through_clear(state: PaintState) -> None:
                     and state.can_paint(u)
                     and not _implicitly_reads_ref_variable(view, view.v_node[u], ref_reads)
                 ):
-                    state.paint(u, ALLOW_C, R_CLEAR_PROPAGATED, v)
+                    state.paint(u, ALLOW_C, Reason.CLEAR_PROPAGATED, v)
                     n += 1
                     stack.append(u)
     state.count("propagate_allow_through_clear", n)

@@ -1,6 +1,6 @@
 """The painting of one body, while the passes run (``PaintState``) and after (``Painting``).
 
-Every vertex has a colour, the reason code of the pass that last set it and the neighbour
+Every vertex has a colour, the ``Reason`` of the pass that last set it and the neighbour
 vertex that caused it (-1: none), so that the report can say in words which pass decided a
 vertex and because of which neighbour. Passes change colours only through ``PaintState.paint``.
 """
@@ -15,7 +15,7 @@ from tf_amp.config import RewriteConfig
 from tf_amp.lists import OpLists
 from tf_amp.painter.eligibility import list_categories, node_eligibility
 from tf_amp.painter.kernel_support import HalfSupport
-from tf_amp.painter.reasons import R_NONE
+from tf_amp.painter.reasons import Reason
 from tf_amp.type_attrs import DT_BFLOAT16, DT_HALF, BodyView
 
 logger = logging.getLogger("tf_amp")
@@ -26,11 +26,11 @@ class Painting:
     """The painter's result for one body: a colour and a reason per vertex."""
 
     colour: bytearray
-    reason: list[int]
+    reason: list[Reason]  # what painted each vertex (Reason.NONE: nothing)
     cause: list[int]  # neighbour vertex that caused the paint, or -1
     cat: bytearray
     node_eligible: bytearray  # per node: may change at all
-    node_block: list[str]  # per node: why not eligible ("" if eligible)
+    node_block: list[str]  # per node: a Block saying why not eligible, "" if eligible
     f16: bytearray  # per vertex: 0 unknown, 1 supports half, 2 does not
     pass_counts: dict[str, int] = field(default_factory=dict)
     nothing_to_do: bool = False
@@ -58,7 +58,7 @@ class PaintState:
         self.target = DT_HALF if config.target_dtype == "float16" else DT_BFLOAT16
         nv = view.num_vertices
         self.colour = bytearray(nv)
-        self.reason = [R_NONE] * nv
+        self.reason = [Reason.NONE] * nv
         self.cause = [-1] * nv
         self.counts: dict[str, int] = {}
         self.cat = list_categories(view, lists)
@@ -70,7 +70,7 @@ class PaintState:
         """The vertex's node may change and the vertex may hold the target type."""
         return bool(self.node_eligible[self.view.v_node[v]]) and self.half.supports_half(v)
 
-    def paint(self, v: int, colour: int, reason: int, cause: int = -1) -> None:
+    def paint(self, v: int, colour: int, reason: Reason, cause: int = -1) -> None:
         self.colour[v] = colour
         self.reason[v] = reason
         self.cause[v] = cause

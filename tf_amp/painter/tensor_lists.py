@@ -13,11 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tf_amp.painter.colours import ALLOW_C, DENY_C
-from tf_amp.painter.reasons import (
-    R_TENSOR_LIST_MATCH_ALLOW,
-    R_TENSOR_LIST_MATCH_DENY,
-    R_TENSOR_LIST_UNSAFE,
-)
+from tf_amp.painter.reasons import Reason
 from tf_amp.painter.state import PaintState
 from tf_amp.type_attrs import ARG_OP, DT_VARIANT, RETVAL_OP, BodyView
 
@@ -88,7 +84,7 @@ def find_tensor_list_clusters(state: PaintState) -> list[list[int]]:
     for root, cluster in sorted(clusters.items()):
         if root in unsafe_roots:
             for v in cluster:
-                state.paint(v, DENY_C, R_TENSOR_LIST_UNSAFE)
+                state.paint(v, DENY_C, Reason.TENSOR_LIST_UNSAFE)
                 denied += 1
         writers = [v for v in cluster if view.ops[view.v_node[v]] in _TENSOR_LIST_WRITERS]
         readers = [v for v in cluster if view.ops[view.v_node[v]] in _TENSOR_LIST_READERS]
@@ -153,11 +149,11 @@ def force_tensor_list_colour_match(state: PaintState, clusters: list[list[int]])
         if deny:
             for v in cluster:
                 if state.colour[v] != DENY_C:
-                    state.paint(v, DENY_C, R_TENSOR_LIST_MATCH_DENY, deny[0])
+                    state.paint(v, DENY_C, Reason.TENSOR_LIST_MATCH_DENY, deny[0])
                     n += 1
         elif allow:
             for v in cluster:
                 if state.colour[v] != ALLOW_C:
-                    state.paint(v, ALLOW_C, R_TENSOR_LIST_MATCH_ALLOW, allow[0])
+                    state.paint(v, ALLOW_C, Reason.TENSOR_LIST_MATCH_ALLOW, allow[0])
                     n += 1
     state.count("force_tensor_list_colour_match", n)
