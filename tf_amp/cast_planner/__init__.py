@@ -6,10 +6,10 @@ Rules (why):
   (producer output port, direction), shared by every consumer that needs it, so a tensor
   read by ten float32 consumers is cast once, not ten times.
 - Name-preserving mode (graph bodies only): a node whose output becomes half moves to
-  ``<name>/tf_amp_fp16`` (``_bf16``) and its original name is taken by a Cast back to float32 (one output)
-  or an IdentityN of per-port casts (several outputs). Every original tensor name therefore
-  keeps its dtype and a TF1 Session can feed and fetch by the old names; control dependencies
-  on the old name still order after the op.
+  ``<name>/tf_amp_fp16`` (``_bf16``) and its original name is taken by a Cast back to float32
+  (one output) or an IdentityN of per-port casts (several outputs). Every original tensor name
+  therefore keeps its dtype and a TF1 Session can feed and fetch by the old names; control
+  dependencies on the old name still order after the op.
 - Function bodies: ``ret`` values and ``_Arg`` reads are fixed-typed boundaries; casts land
   inside the body, so signatures (and every call site) stay valid.
 
