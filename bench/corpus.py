@@ -6,8 +6,8 @@ the same function; BatchNorm runs in training mode):
 
 1. The SGD-momentum train step's GraphDef, rewritten by tf_amp's default (``check_kernels``
    off, see tests/test_differential_gpu.py for why) and by TensorFlow 2.21's real GPU pass
-   (CUDA build, ``tf_amp._gpu_oracle``): float32 vertices, vertices that differ by reason
-   (``tf_amp._oracle.classify``), new Casts (to half / to float32) on both sides.
+   (CUDA build, ``tests/_gpu_oracle.py``): float32 vertices, vertices that differ by reason
+   (``classify`` in ``tests/_oracle.py``), new Casts (to half / to float32) on both sides.
 2. Train steps from the same weights: float32, tf_amp (``tf_amp.function`` +
    ``tf_amp.LossScaleOptimizer``, dynamic scale) and Keras's own ``mixed_float16`` policy
    with ``keras.optimizers.LossScaleOptimizer``: the first-step loss on ``--first-batches``
@@ -37,7 +37,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import tf_amp  # noqa: E402
-from tf_amp import _gpu_oracle, _model_graphs, _oracle  # noqa: E402
+from tests import _gpu_oracle, _model_graphs, _oracle  # noqa: E402
 from tf_amp.config import RewriteConfig  # noqa: E402
 from tf_amp.rewriter import rewrite_graph_def  # noqa: E402
 

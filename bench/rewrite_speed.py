@@ -7,7 +7,7 @@ process.
     python bench/rewrite_speed.py --work-per-node     # ours only: bytecodes and C calls per node
 
 TensorFlow's side is ``tf_optimizer.OptimizeGraph`` with only ``auto_mixed_precision_cpu`` and
-``TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_EMULATE_FP16=0`` (see ``tf_amp._oracle``); it includes
+``TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_EMULATE_FP16=0`` (see ``tests/_oracle.py``); it includes
 Grappler's own overhead (building the GrapplerItem, copying the graph), as any user of the pass
 pays it. Ours includes copying the input GraphDef and building the report (decisions are
 rendered lazily, so they are not). Goals: ratio <= 1.0 at 100k nodes; 10x the nodes costs
@@ -30,7 +30,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from tensorflow.core.framework import graph_pb2  # noqa: E402
 
-from tf_amp import _model_graphs, _oracle  # noqa: E402
+from tests import _model_graphs, _oracle  # noqa: E402
 from tf_amp.config import RewriteConfig  # noqa: E402
 from tf_amp.rewriter import rewrite_graph_def  # noqa: E402
 

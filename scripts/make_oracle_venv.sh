@@ -4,7 +4,7 @@
 # TensorFlow's real GPU auto_mixed_precision pass: that pass only runs for nodes placed on a GPU
 # in a cluster that has one, and the CPU wheel has no GPU device code at all, while the CUDA
 # wheel runs the pass against a *virtual* GPU on a machine without one
-# (tf_amp/_gpu_oracle.py). Nothing of tf_amp is installed there: the runner only needs
+# (tests/_gpu_oracle.py). Nothing of tf_amp is installed there: the runner only needs
 # TensorFlow. Safe to run again. (~600 MB of wheels; see the README for the time it takes.)
 #   PYTHON  the interpreter that creates the venv (default python3)
 set -euo pipefail

@@ -3,12 +3,12 @@ and the corpus: every differing vertex has a listed reason, Casts <= TensorFlow'
 
 from __future__ import annotations
 
-from tf_amp import _oracle
-from tf_amp._model_graphs import ModelGraph
+from tests import _oracle
+from tests._model_graphs import ModelGraph
 from tf_amp.rewriter import RewriteResult
 
 DIRECTIONS = ("to_half", "to_float")
-# The training-step graphs (tf_amp._model_graphs) both differential suites compare on.
+# The training-step graphs (tests/_model_graphs.py) both differential suites compare on.
 FAST_GRAPHS = [
     "keras_cnn",
     "transformer",

@@ -14,8 +14,8 @@ import sys
 
 import pytest
 
+from tests import _gpu_oracle
 from tests.differential_helpers import check_default
-from tf_amp import _gpu_oracle
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "bench"))
 

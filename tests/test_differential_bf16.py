@@ -2,11 +2,11 @@
 
 Oracle: ``tf_optimizer.OptimizeGraph`` with only ``auto_mixed_precision_onednn_bfloat16`` (the
 pass ``tf.config.optimizer.set_experimental_options({"auto_mixed_precision_onednn_bfloat16":
-True})`` turns on), on the training-step graphs of ``tf_amp._model_graphs``. Our bfloat16
+True})`` turns on), on the training-step graphs of ``tests/_model_graphs.py``. Our bfloat16
 lists are TensorFlow's oneDNN lists, and TensorFlow runs its "infer op directly following an
 allow op" pass in this mode too, so with Const folding off (TensorFlow casts Consts; we fold
 them, a measured choice) every float32 vertex must get the same dtype and every Cast must match.
-(The normalization guard, ``tf_amp.normalization_guard``, is a float16 default only: for
+(The normalization guard, ``tf_amp.painter.normalization_guard``, is a float16 default only: for
 bfloat16 it stays an option until measured faster.)
 
 TensorFlow runs the pass only with its oneDNN kernels on (the suite turns them off for
@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from tensorflow.core.framework import graph_pb2
 
-from tf_amp import _model_graphs, _oracle
+from tests import _model_graphs, _oracle
 from tf_amp.config import RewriteConfig
 from tf_amp.rewriter import rewrite_graph_def
 from tf_amp.runtime._graphdef import grappler_request

@@ -1,7 +1,7 @@
 """Differential tests against TensorFlow 2.21's real GPU pass: the reference for the default.
 
 The oracle is the CUDA build of TensorFlow in ``.venv-tf-gpu`` (``scripts/make_oracle_venv.sh``;
-``.ci/run`` makes it), run as a subprocess by ``tf_amp._gpu_oracle``: Grappler with only
+``.ci/run`` makes it), run as a subprocess by ``tests/_gpu_oracle.py``: Grappler with only
 ``auto_mixed_precision`` (the CUDA mode), every node on ``/device:GPU:0``, and a virtual
 cluster whose GPU reports compute capability 8.0, CUDA 12.5 and cuDNN 9.3. No GPU is needed:
 the pass asks the cluster, not the machine. The tests skip, saying why, only when that venv
@@ -15,7 +15,7 @@ Without the kernel check we trust the OpDef's allowed types, which is more permi
 GPU kernel table: an op whose OpDef allows half but that has no GPU half kernel would show up
 as a vertex only we paint, which ``classify`` cannot excuse - so the comparison stays a check.
 
-Every differing vertex needs a reason from ``tf_amp._oracle.REASONS`` (see
+Every differing vertex needs a reason from ``REASONS`` in tests/_oracle.py (see
 tests/test_differential_tf.py for the words), and Casts stay <= TensorFlow's per direction.
 """
 
@@ -25,8 +25,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests import _gpu_oracle, _model_graphs, _oracle
 from tests.differential_helpers import FAST_GRAPHS, SLOW_GRAPHS, check_default
-from tf_amp import _gpu_oracle, _model_graphs, _oracle
 from tf_amp.config import RewriteConfig
 from tf_amp.painter import CAT_CLEAR
 from tf_amp.rewriter import rewrite_graph_def

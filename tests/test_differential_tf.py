@@ -9,7 +9,7 @@ fetch nodes. We compare the dtype of every float32 (node, type attr) vertex of e
 the Casts each rewrite adds.
 
 Every vertex where our default differs must be justified by one of the reasons checked by
-``tf_amp._oracle.classify``:
+``tests/_oracle.py` (`classify`)`:
 
 - ``CONST_FOLDED_TO_HALF``: a float32 Const read only by half ops is stored as a half Const
   instead of feeding a Cast (``fold_constant_casts``, measured in bench/rewrite_speed.py
@@ -38,9 +38,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests import _model_graphs, _oracle
+from tests._oracle import _vertex_keys
 from tests.differential_helpers import FAST_GRAPHS, SLOW_GRAPHS, check_default
-from tf_amp import _model_graphs, _oracle
-from tf_amp._oracle import _vertex_keys
 from tf_amp.config import RewriteConfig
 from tf_amp.painter import CAT_CLEAR
 from tf_amp.rewriter import rewrite_graph_def

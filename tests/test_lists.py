@@ -1,4 +1,5 @@
-"""Op lists and every environment override (DESIGN section 3), read through RewriteConfig."""
+"""Op lists and every environment override TensorFlow and NVIDIA documented, read through
+RewriteConfig."""
 
 from __future__ import annotations
 

@@ -30,3 +30,23 @@ def test_licence_is_in_the_installed_metadata() -> None:
     # setup.py writes it in the form the build's setuptools reads (SPDX expression from 77 on).
     metadata = importlib.metadata.metadata("tf_amp")
     assert "Apache-2.0" in (metadata.get("License-Expression"), metadata.get("License"))
+
+
+def test_the_package_ships_no_test_helpers() -> None:
+    # The references the tests compare the rewrite with (TensorFlow's own pass, the model
+    # graphs) live in tests/, not in the package: every module under the packages that
+    # pyproject.toml's `packages.find` selects goes into the wheel.
+    from setuptools import find_packages
+
+    packages = find_packages(str(ROOT), include=["tf_amp*"])
+    shipped = [
+        path
+        for package in packages
+        for path in (ROOT / package.replace(".", "/")).glob("*.py")
+    ]
+    assert shipped, packages
+    names = {path.stem for path in shipped}
+    assert not names & {"_oracle", "_gpu_oracle", "_gpu_oracle_runner", "_model_graphs"}
+    for path in shipped:
+        text = path.read_text()
+        assert "from tests" not in text and "import pytest" not in text, path

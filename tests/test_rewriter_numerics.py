@@ -14,7 +14,7 @@ import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 from tensorflow.python.framework import convert_to_constants
 
-from tf_amp import _model_graphs
+from tests import _model_graphs
 from tf_amp.config import RewriteConfig
 from tf_amp.rewriter import rewrite_graph_def
 

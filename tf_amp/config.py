@@ -125,12 +125,12 @@ class RewriteConfig:
         Conv2D). On by default because TensorFlow 2.21 runs it in every mode, its CUDA GPU
         pass included: verified with the CUDA build on a virtual GPU (its log says "Beginning
         pass 4 to add infer list ops to allow if they directly follow allow nodes"; see
-        tf_amp/_gpu_oracle.py and tests/test_differential_gpu.py), so the default paints like
+        tests/_gpu_oracle.py and tests/test_differential_gpu.py), so the default paints like
         TensorFlow's GPU pass. ``False`` is kept as an option: fewer ops in half (on the LSTM/GRU
         test graph also fewer Casts), so less of the model on the Tensor Cores.
       guard_normalization: keep the two nodes of a batch/layer normalization whose half
         rounding cancels, ``x * inv`` and ``x * inv + (offset - mean * inv)``, in float32
-        (``tf_amp.normalization_guard`` says why and what was measured); never at O3, which
+        (``tf_amp.painter.normalization_guard`` says why and what was measured); never at O3, which
         asks for every op. None (the default) means: for float16, where it was measured
         (closer to float32, and fewer Casts than TensorFlow's GPU pass on every test graph);
         not for bfloat16, whose reference is TensorFlow's oneDNN pass and where the guard

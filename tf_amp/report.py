@@ -3,8 +3,9 @@
 Why words: TensorFlow's pass explains itself only through VLOG(2) lines that name internal
 sets. A user asking "why is my LayerNorm still float32?" should get an answer like "fed by
 float32-only op 'Exp' through clear/infer ops, and feeds a deny/infer op", with the pass that
-decided it. Decisions are built lazily (a 1M-node rewrite should not pay for strings nobody
-reads).
+decided it. The words of each painter reason and node block are the painter's own
+(``tf_amp.painter.reasons``); the ones here cover vertices no pass painted. Decisions are built
+lazily (a 1M-node rewrite should not pay for strings nobody reads).
 """
 
 from __future__ import annotations
@@ -12,99 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from tf_amp.painter import (
-    ALLOW_C,
-    CAT_ALLOW,
-    CAT_CLEAR,
-    CAT_DENY,
-    CAT_INFER,
-    DENY_C,
-    R_ALLOW_LIST,
-    R_BETWEEN_ALLOW,
-    R_CAST_RETARGET,
-    R_CLEAR_PROPAGATED,
-    R_DENY_LIST,
-    R_DENY_PROPAGATED,
-    R_FOLLOWS_ALLOW,
-    R_FORCED_LEVEL,
-    R_NO_HALF_SUPPORT,
-    R_RECURRENT_PAINT,
-    R_RECURRENT_UNPAINT,
-    R_TENSOR_LIST_MATCH_ALLOW,
-    R_TENSOR_LIST_MATCH_DENY,
-    R_TENSOR_LIST_UNSAFE,
-    Painting,
-)
+from tf_amp.painter import ALLOW_C, CAT_ALLOW, CAT_CLEAR, CAT_DENY, CAT_INFER, DENY_C, Painting
+from tf_amp.painter.reasons import Block
 from tf_amp.type_attrs import BodyView, device_type
 
 _CAT_WORD = {CAT_ALLOW: "allow", CAT_INFER: "infer", CAT_CLEAR: "clear", CAT_DENY: "deny"}
-# Why a vertex got its colour, in a user's words, per painter reason code. Fields: op, t (the
-# target dtype), cause (the neighbour that decided it), by (" (cause)" or ""), op_list, level.
-_REASON_TEXT: dict[int, str] = {
-    R_ALLOW_LIST: "{op} is on the allow list: performance-critical and safe in {t}",
-    R_FORCED_LEVEL: "opt level {level} converts every op that has a {t} kernel",
-    R_BETWEEN_ALLOW: (
-        "{op_list} op lying between {t} ops (downstream and upstream of one, here {cause}): "
-        "converting it saves a pair of casts"
-    ),
-    R_FOLLOWS_ALLOW: "infer op fed directly by {t} op {cause} (infer_follows_allow)",
-    R_CLEAR_PROPAGATED: "clear op (moves data, no numeric effect) connected to {t} op {cause}",
-    R_TENSOR_LIST_MATCH_ALLOW: (
-        "TensorList sharing a handle with {t} list op {cause}: one element type"
-    ),
-    R_RECURRENT_PAINT: "loop back edge: matches the colour of its Merge {cause}",
-    R_CAST_RETARGET: "existing Cast whose consumers are all {t}: now casts to {t} directly",
-    R_DENY_LIST: "{op} is on the deny list: numerically unsafe in {t}, kept float32",
-    R_DENY_PROPAGATED: (
-        "fed (through clear/infer ops) by float32-only op {cause} and itself feeds a "
-        "deny/infer op: kept float32 so the unsafe value is not rounded"
-    ),
-    R_TENSOR_LIST_UNSAFE: (
-        "TensorList whose handle crosses a function, feed or control-flow boundary: "
-        "the other side cannot be changed consistently, kept float32"
-    ),
-    R_TENSOR_LIST_MATCH_DENY: (
-        "TensorList sharing a handle with float32 list op {cause}: one element type"
-    ),
-    R_NO_HALF_SUPPORT: "no {t} support (OpDef or kernel) for this attr: kept float32",
-    R_RECURRENT_UNPAINT: "loop-carried value: a Merge/NextIteration partner{by} is float32",
-}
-
-# Why a node was never a candidate (the painter's node_block), in a user's words.
-_BLOCK_TEXT: dict[str, str] = {
-    "unknown-op": "op {op} is not registered with TensorFlow: kept float32, casts at its edges",
-    "preserved": "node is preserved (feed/fetch): its dtype must not change",
-    "state": "constant, feed or variable access: keeps its dtype (master weights)",
-    "dtype-bound": "op {op} computes with its dtype itself (bits, bytes, Python code, "
-    "counting), not just at a precision: kept float32 at every level",
-    "function": "calls a function; its signature stays float32 (the body is rewritten)",
-    "excluded": "excluded by exclude_scopes or the _tf_amp_exclude attr: kept float32",
-    "float32-view": "the float32 view an earlier name-preserving rewrite left under the old "
-    "name of an op it turned half: kept float32",
-    "device": "not placed on a GPU (eligible_devices='gpu'): not processed",
-    "normalization": "{op} of a normalization's x * inv + (offset - mean * inv): the two "
-    "terms cancel, so half rounding would give a large error; kept float32 as Keras keeps "
-    "its normalization layers (tf_amp.normalization_guard)",
-    "measured-slow": "op {op} measured slower in the target than in float32 at its shapes on "
-    "this machine (tf_amp.probe): kept float32",
-}
-
-_PASS = {
-    R_ALLOW_LIST: "add_allow_list_ops",
-    R_FORCED_LEVEL: "add_allow_list_ops",
-    R_DENY_LIST: "propagate_deny_forward",
-    R_DENY_PROPAGATED: "propagate_deny_forward",
-    R_TENSOR_LIST_UNSAFE: "find_tensor_list_clusters",
-    R_TENSOR_LIST_MATCH_ALLOW: "force_tensor_list_colour_match",
-    R_TENSOR_LIST_MATCH_DENY: "force_tensor_list_colour_match",
-    R_BETWEEN_ALLOW: "add_clear_and_infer_between_allow",
-    R_CLEAR_PROPAGATED: "propagate_allow_through_clear",
-    R_NO_HALF_SUPPORT: "remove_allow_without_half",
-    R_RECURRENT_UNPAINT: "force_recurrent_edge_colour_match",
-    R_RECURRENT_PAINT: "force_recurrent_edge_colour_match",
-    R_CAST_RETARGET: "retarget_casts_to_half",
-    R_FOLLOWS_ALLOW: "add_infer_following_allow",
-}
 
 
 @dataclass(frozen=True)
@@ -232,14 +145,14 @@ class RewriteReport:
         elem = view.v_elem[v]
         attr = view.v_attr[v] if elem < 0 else f"{view.v_attr[v]}[{elem}]"
         colour = painting.colour[v]
-        code = painting.reason[v]
+        painted_by = painting.reason[v]
         cause_v = painting.cause[v]
         cause = view.vertex_label(cause_v) if cause_v >= 0 else None
         op_list = _CAT_WORD.get(painting.cat[v])
         t = self.target_dtype
         paint = "allow" if colour == ALLOW_C else "deny" if colour == DENY_C else "none"
         dtype = t if colour == ALLOW_C else "float32"
-        reason = self._words(view, painting, v, code, cause, op, op_list)
+        reason = self._words(view, painting, v, cause, op, op_list)
         if n in body.folded:
             dtype = t
             reason = (
@@ -254,7 +167,7 @@ class RewriteReport:
             dtype=dtype,
             paint=paint,
             op_list=op_list,
-            pass_name=_PASS.get(code),
+            pass_name=painted_by.pass_name,
             cause=cause,
             reason=reason,
         )
@@ -264,22 +177,22 @@ class RewriteReport:
         view: BodyView,
         painting: Painting,
         v: int,
-        code: int,
         cause: str | None,
         op: str,
         op_list: str | None,
     ) -> str:
         t = self.target_dtype
-        template = _REASON_TEXT.get(code)
+        template = painting.reason[v].template
         if template is not None:
             return template.format(
                 op=op, t=t, cause=cause, op_list=op_list, level=self.opt_level,
                 by=f" ({cause})" if cause else "",
             )
         n = view.v_node[v]
-        blocked = _BLOCK_TEXT.get(painting.node_block[n])
-        if blocked is not None:
-            return blocked.format(op=op)
+        # A Block, or "" for an eligible node (Block("") would raise).
+        block = Block(painting.node_block[n]) if painting.node_block[n] else None
+        if block is not None and block.template is not None:
+            return block.template.format(op=op)
         no_half = painting.f16[v] == 2 or (
             painting.f16[v] == 0
             and painting.supports_half is not None

@@ -5,7 +5,9 @@
 // once. The loss-scaling optimizer calls it once per step instead of the 2-3 small ops per
 // gradient (plus a stack) that Keras and tf.compat.v1 use.
 //
-// Why the CPU kernel looks the way it does (measured, see DESIGN.md section 6):
+// Why the CPU kernel looks the way it does (measured on ResNet-50's gradients, 214 tensors and
+// 102 MB in float32, on a CPU that reads memory at about 28 GB/s; bench/finite_check.py
+// repeats the comparison with Keras's and tf.compat.v1's per-tensor ops):
 //  * the work is memory bound, so the output reuses the input buffer whenever TensorFlow allows
 //    it (forward_input_or_allocate_output): a fresh 100 MB output page-faults and costs 3-4x the
 //    arithmetic;

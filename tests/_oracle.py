@@ -3,7 +3,7 @@
 Not used by the rewrite. ``run_tf_pass`` runs Grappler with only ``auto_mixed_precision_cpu``
 and ``TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_EMULATE_FP16=0``, in this process (the CPU wheel).
 It is the second opinion: the reference is TensorFlow's real GPU pass, run from the CUDA build
-by ``tf_amp._gpu_oracle``, and on every test graph the two decide every vertex and Cast alike
+by ``tests/_gpu_oracle.py``, and on every test graph the two decide every vertex and Cast alike
 (checked in tests/test_differential_gpu.py). Emulation on would insert extra casts, is
 quadratic, and crashes on v1 loops. ``compare`` lines up per-vertex colours of two rewrites;
 ``classify`` sorts the vertices where they differ into justified reasons.
@@ -11,9 +11,10 @@ quadratic, and crashes on v1 loops. ``compare`` lines up per-vertex colours of t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -31,16 +32,36 @@ def run_tf_pass(
     graph_def: graph_pb2.GraphDef, fetches: Iterable[str] = ()
 ) -> tuple[graph_pb2.GraphDef, float]:
     """(rewritten graph, process CPU seconds spent in Grappler's OptimizeGraph call).
-    ``fetches`` are preserved, as a session's fetches would be."""
+    ``fetches`` are preserved, as a session's fetches would be.
+
+    Grappler reads the emulation switch from the process environment while the pass runs, so
+    it is set for the call and then put back as it was: a test that runs this must not change
+    what a later test (or a subprocess it starts) sees."""
     from tensorflow.python.grappler import tf_optimizer
 
     from tf_amp.runtime._graphdef import grappler_request
 
-    os.environ["TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_EMULATE_FP16"] = "0"
     cfg, meta = grappler_request(graph_def, fetches, ["auto_mixed_precision_cpu"])
-    start = time.process_time()
-    out = tf_optimizer.OptimizeGraph(cfg, meta)
-    return out, time.process_time() - start
+    with _environment(TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_EMULATE_FP16="0"):
+        start = time.process_time()
+        out = tf_optimizer.OptimizeGraph(cfg, meta)
+        seconds = time.process_time() - start
+    return out, seconds
+
+
+@contextlib.contextmanager
+def _environment(**values: str) -> Iterator[None]:
+    """Sets environment variables for the ``with`` block; restores (or removes) them after."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, old in saved.items():
+            if old is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = old
 
 
 def _float_attrs(node: object) -> dict[str, int]:
@@ -155,8 +176,8 @@ def compare(
 CONST_FOLDED_TO_HALF = "CONST_FOLDED_TO_HALF"
 TENSOR_LIST_CROSSES_BOUNDARY = "TENSOR_LIST_CROSSES_BOUNDARY"
 TF_HALF_FEEDS_NO_ALLOW = "TF_HALF_FEEDS_NO_ALLOW"
-# A node of a normalization's cancelling sum (tf_amp.normalization_guard), kept float32 on
-# purpose: the measured departure from TensorFlow's painting.
+# A node of a normalization's cancelling sum (tf_amp.painter.normalization_guard), kept
+# float32 on purpose: the measured departure from TensorFlow's painting.
 NORMALIZATION_GUARD = "NORMALIZATION_GUARD"
 UNEXPLAINED = "UNEXPLAINED"
 
@@ -179,9 +200,9 @@ REASONS: dict[str, str] = {
     ),
     NORMALIZATION_GUARD: (
         "x * inv or x * inv + (offset - mean * inv) of a normalization: its terms cancel, so "
-        "half rounding gives a large error (tf_amp.normalization_guard, a measured departure: "
-        "MobileNetV2's first-step loss 0.048 from float32's painted as TensorFlow paints, "
-        "0.037 guarded, 0.032 for Keras's mixed_float16); TensorFlow paints it half"
+        "half rounding gives a large error (tf_amp.painter.normalization_guard, a measured "
+        "departure: MobileNetV2's first-step loss 0.048 from float32's painted as TensorFlow "
+        "paints, 0.037 guarded, 0.032 for Keras's mixed_float16); TensorFlow paints it half"
     ),
     UNEXPLAINED: "no listed reason",
 }

@@ -1,6 +1,6 @@
 """TensorFlow's real GPU ``auto_mixed_precision`` pass on a machine without a GPU.
 
-Run by ``tf_amp._gpu_oracle`` as a script with the interpreter of ``.venv-tf-gpu`` (the CUDA
+Run by ``tests/_gpu_oracle.py`` as a script with the interpreter of ``.venv-tf-gpu`` (the CUDA
 build of TensorFlow 2.21, made by ``scripts/make_oracle_venv.sh``), never imported by tf_amp:
 it needs nothing but TensorFlow, so nothing of tf_amp is installed in that environment.
 

@@ -1,6 +1,6 @@
 """TensorFlow's real GPU auto_mixed_precision pass, run from the CUDA build in a second venv.
 
-Not used by the rewrite: a reference for tests and benchmarks, like ``tf_amp._oracle`` (which
+Not used by the rewrite: a reference for tests and benchmarks, like ``tests/_oracle.py`` (which
 runs the CPU mode, ``auto_mixed_precision_cpu``, in this process). The pass users get on a GPU
 is the CUDA mode, compiled only into the CUDA build of TensorFlow (pip ``tensorflow``); this
 project's environment holds ``tensorflow-cpu``. ``scripts/make_oracle_venv.sh`` makes
@@ -107,6 +107,6 @@ def run_gpu_pass(
         return out, proc.stderr
 
 
-if __name__ == "__main__":  # python -m tf_amp._gpu_oracle: is the oracle there?
+if __name__ == "__main__":  # python -m tests._gpu_oracle: is the oracle there?
     print(oracle_python() or missing_reason())
     sys.exit(0 if oracle_python() else 1)

@@ -1,0 +1,77 @@
+"""Folding a Cast into the constant it reads: a float32 Const read only by half ops becomes a
+half Const in place (``RewriteConfig.fold_constant_casts``).
+
+Saves the Cast op and half the constant's bytes in the GraphDef. Only Consts that nothing
+float32 reads (and that are not preserved) qualify, so no reader sees a changed dtype.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from tf_amp.painter import ALLOW_C, Painting
+from tf_amp.painter.reasons import Block
+from tf_amp.type_attrs import DT_FLOAT, DT_HALF, BodyView
+
+CONST_OPS: frozenset[str] = frozenset({"Const", "HostConst"})
+
+
+def fold_consts_in_place(view: BodyView, painting: Painting, target: int) -> set[int]:
+    """Float32 Consts whose every data consumer is half: rewrite their value to half.
+
+    Saves the Cast op and half the constant's bytes in the GraphDef. Only Consts that nothing
+    float32 reads (and that are not preserved) qualify, so no reader sees a changed dtype.
+    """
+    colour = painting.colour
+    candidates: dict[int, bool] = {}
+    for k in range(len(view.e_src)):
+        s = view.e_src[k]
+        if view.ops[s] not in CONST_OPS or candidates.get(s) is False:
+            continue
+        dvs = view.in_v[view.e_dst[k]]
+        q = view.e_dport[k]
+        dv = dvs[q] if q < len(dvs) else -1
+        candidates[s] = candidates.get(s, True) and dv >= 0 and colour[dv] == ALLOW_C
+    folded: set[int] = set()
+    for s, all_half in candidates.items():
+        proto = view.protos[s]
+        if not all_half or painting.node_block[s] == Block.PRESERVED:
+            continue
+        if proto.attr["dtype"].type != DT_FLOAT:
+            continue
+        if not _tensor_to_half(proto.attr["value"].tensor, target):
+            continue
+        proto.attr["dtype"].type = target
+        folded.add(s)
+    return folded
+
+
+def _half_numpy_dtype(target: int) -> Any:
+    if target == DT_HALF:
+        return np.float16
+    from tensorflow.python.framework import dtypes
+
+    return dtypes.bfloat16.as_numpy_dtype
+
+
+def _tensor_to_half(tensor: Any, target: int) -> bool:
+    """Re-encode a float32 TensorProto as ``target`` in place; False if not possible.
+
+    Works on the two encodings TensorFlow writes (``tensor_content`` bytes, or ``float_val``
+    for scalars and splats) with numpy directly: ``make_tensor_proto`` costs ~70 us a call,
+    too slow for graphs with tens of thousands of Consts.
+    """
+    if tensor.dtype != DT_FLOAT:
+        return False
+    half = _half_numpy_dtype(target)
+    if tensor.tensor_content:
+        values = np.frombuffer(tensor.tensor_content, dtype="<f4")
+        tensor.tensor_content = values.astype(half).view("<u2").tobytes()
+    else:  # float_val (empty for a zero-filled Const: nothing to convert)
+        bits = np.asarray(tensor.float_val, dtype=np.float32).astype(half).view(np.uint16)
+        del tensor.float_val[:]
+        tensor.half_val.extend(int(b) for b in bits)
+    tensor.dtype = target
+    return True

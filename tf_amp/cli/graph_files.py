@@ -1,0 +1,48 @@
+"""GraphDef files: read binary or text, write by suffix."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+TEXT_SUFFIXES = (".pbtxt", ".txt", ".pb.txt")
+
+
+def read_graph_def(path: str) -> Any:
+    """A GraphDef from a binary or text file (text by suffix, else tried as both)."""
+    from google.protobuf import text_format
+    from tensorflow.core.framework import graph_pb2
+
+    graph_def = graph_pb2.GraphDef()
+    data = read_bytes(path)
+    if path.endswith(TEXT_SUFFIXES):
+        try:
+            text_format.Parse(data.decode("utf-8"), graph_def)
+        except (text_format.ParseError, UnicodeDecodeError) as error:
+            raise ValueError(f"{path} is not a text GraphDef: {error}") from None
+        return graph_def
+    try:
+        graph_def.ParseFromString(data)
+    except Exception:  # noqa: BLE001 - fall back to text, then report both failures
+        try:
+            text_format.Parse(data.decode("utf-8"), graph_def)
+        except Exception as error:
+            raise ValueError(f"{path} is neither a binary nor a text GraphDef") from error
+    return graph_def
+
+
+def write_graph_def(graph_def: Any, path: str) -> None:
+    from google.protobuf import text_format
+
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    if path.endswith(TEXT_SUFFIXES):
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text_format.MessageToString(graph_def))
+    else:
+        with open(path, "wb") as f:
+            f.write(graph_def.SerializeToString())
+
+
+def read_bytes(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()

@@ -1,0 +1,161 @@
+"""``tf-amp inspect LOGDIR``: per logged rewrite, what changed and the float32 islands and why."""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+from collections.abc import Iterable
+from typing import Any
+
+from tf_amp.cli.graph_files import read_graph_def
+
+_SOURCE_OPS = frozenset(
+    {"Const", "Placeholder", "VarHandleOp", "ReadVariableOp", "VariableV2", "_Arg", "_Retval"}
+)
+
+
+def run(args: argparse.Namespace) -> int:
+    """``tf-amp inspect``: one summary per logged rewrite; 1 when the directory has none."""
+    if not os.path.isdir(args.logdir):
+        raise NotADirectoryError(f"{args.logdir} is not a directory")
+    graphs = find_logged_graphs(args.logdir)
+    if not graphs:
+        print(f"no rewrite logs in {args.logdir} (files decisions_AutoMixedPrecision_*.jsonl)")
+        return 1
+    for stamp, files in graphs.items():
+        print(format_graph_summary(stamp, files, args.islands))
+    return 0
+
+
+def find_logged_graphs(logdir: str) -> dict[str, dict[str, str]]:
+    """{stamp: {"decisions"|"before"|"after": path}} for each logged rewrite, oldest first."""
+    prefixes = {
+        "decisions_AutoMixedPrecision_": ("decisions", ".jsonl"),
+        "graphdef_preop_": ("before", ".pb"),
+        "graphdef_AutoMixedPrecision_": ("after", ".pb"),
+    }
+    found: dict[str, dict[str, str]] = collections.defaultdict(dict)
+    for name in os.listdir(logdir):
+        for prefix, (kind, suffix) in prefixes.items():
+            if name.startswith(prefix) and name.endswith(suffix):
+                found[name[len(prefix) : -len(suffix)]][kind] = os.path.join(logdir, name)
+    # Our stamps end in a counter; files that only share a prefix (a copied graph) are not ours.
+    ours = [s for s in found if "decisions" in found[s] and s.rsplit("_", 1)[-1].isdigit()]
+    ordered = sorted(ours, key=lambda stamp: int(stamp.rsplit("_", 1)[-1]))
+    return {stamp: found[stamp] for stamp in ordered}
+
+
+def format_graph_summary(stamp: str, files: dict[str, str], max_islands: int = 5) -> str:
+    """The text ``tf-amp inspect`` prints for one logged rewrite."""
+    with open(files["decisions"], encoding="utf-8") as f:
+        lines = [json.loads(line) for line in f if line.strip()]
+    if not lines:
+        return f"== graph {stamp}\n  (empty decisions file {files['decisions']})"
+    head, decisions = lines[0], lines[1:]
+    out = [f"== graph {stamp}", f"  {head.get('summary', '')}"]
+    if head.get("target_reason"):
+        out.append(f"  target: {head.get('target_dtype')} ({head['target_reason']})")
+    if "after" in files:
+        after = read_graph_def(files["after"])
+        converted = converted_ops_by_type(after)
+        if converted:
+            out.append("  ops converted to 16-bit, by type:")
+            out.extend(f"    {op:<28} {count}" for op, count in converted.most_common())
+        to_half, to_float = count_casts(after)
+        out.append(f"  casts: {to_half} to 16-bit, {to_float} back to float32 (all bodies)")
+    before = read_graph_def(files["before"]) if "before" in files else None
+    islands = float32_islands(decisions, before)
+    out.append(f"  float32 islands: {len(islands)}")
+    for island in islands[:max_islands]:
+        ops = collections.Counter(d["op"] for d in island)
+        reasons = collections.Counter(d["reason"] for d in island)
+        body = island[0].get("body") or "main graph"
+        shown_ops = ", ".join(f"{op} x{n}" for op, n in ops.most_common(4))
+        out.append(f"    - {len(island)} node(s) in {body}: {shown_ops}")
+        for reason, n in reasons.most_common(2):
+            out.append(f"        why ({n}): {reason}")
+    return "\n".join(out)
+
+
+def converted_ops_by_type(graph_def: Any) -> collections.Counter:
+    """Op types (not Casts) with a 16-bit type attr, over the main graph and the library."""
+    from tensorflow.core.framework import types_pb2
+
+    half = (types_pb2.DT_HALF, types_pb2.DT_BFLOAT16)
+    counts: collections.Counter = collections.Counter()
+    for node in _all_nodes(graph_def):
+        if node.op == "Cast":
+            continue
+        if any(
+            attr.type in half or any(t in half for t in attr.list.type)
+            for attr in node.attr.values()
+        ):
+            counts[node.op] += 1
+    return counts
+
+
+def count_casts(graph_def: Any) -> tuple[int, int]:
+    from tensorflow.core.framework import types_pb2
+
+    half = (types_pb2.DT_HALF, types_pb2.DT_BFLOAT16)
+    to_half = to_float = 0
+    for node in _all_nodes(graph_def):
+        if node.op != "Cast":
+            continue
+        src, dst = node.attr["SrcT"].type, node.attr["DstT"].type
+        if dst in half and src == types_pb2.DT_FLOAT:
+            to_half += 1
+        elif src in half and dst == types_pb2.DT_FLOAT:
+            to_float += 1
+    return to_half, to_float
+
+
+def float32_islands(decisions: list[dict[str, Any]], before: Any) -> list[list[dict[str, Any]]]:
+    """Connected groups of float32 compute nodes (constants, feeds, variables left out).
+
+    Connectivity comes from the graph before the rewrite; without it each node is its own
+    island. Largest first.
+    """
+    kept = {
+        (d.get("body", ""), d["node"]): d
+        for d in decisions
+        if d.get("paint") != "allow"
+        and d.get("dtype", "float32") == "float32"
+        and d.get("op") not in _SOURCE_OPS
+        and not str(d.get("reason", "")).startswith("constant, feed or variable")
+    }
+    parent = {key: key for key in kept}
+
+    def find(key: tuple[str, str]) -> tuple[str, str]:
+        while parent[key] != key:
+            parent[key] = parent[parent[key]]
+            key = parent[key]
+        return key
+
+    if before is not None:
+        for body, nodes in _bodies(before):
+            for node in nodes:
+                here = (body, node.name)
+                if here not in kept:
+                    continue
+                for name in node.input:
+                    source = (body, name.lstrip("^").split(":")[0])
+                    if source in kept:
+                        parent[find(here)] = find(source)
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = collections.defaultdict(list)
+    for key, decision in kept.items():
+        groups[find(key)].append(decision)
+    return sorted(groups.values(), key=len, reverse=True)
+
+
+def _bodies(graph_def: Any) -> Iterable[tuple[str, Any]]:
+    yield "", graph_def.node
+    for function in graph_def.library.function:
+        yield function.signature.name, function.node_def
+
+
+def _all_nodes(graph_def: Any) -> Iterable[Any]:
+    for _, nodes in _bodies(graph_def):
+        yield from nodes

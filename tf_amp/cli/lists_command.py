@@ -1,0 +1,53 @@
+"""``tf-amp lists``: the effective op lists; ``tf-amp probe IN``: an op-by-op timing."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from tf_amp.cli.graph_files import read_graph_def
+
+
+def run_lists(args: argparse.Namespace) -> int:
+    """``tf-amp lists``: the lists after the environment's overrides (text or JSON)."""
+    from tf_amp.config import RewriteConfig
+
+    overrides = {"target_dtype": args.target_dtype} if args.target_dtype else {}
+    config = RewriteConfig.from_env(**overrides)
+    lists = config.resolved_lists().as_dict()
+    if args.json:
+        print(json.dumps({"target_dtype": config.target_dtype, **lists}, indent=2))
+        return 0
+    print(f"effective lists for {config.target_dtype} (defaults + environment overrides)")
+    print(f"target: {config.target_dtype} ({config.target_reason})")
+    if config.level:
+        print(f"level: {config.level}")
+    for name, ops in lists.items():
+        print(f"{name} ({len(ops)}): {', '.join(ops)}")
+    return 0
+
+
+def run_probe(args: argparse.Namespace) -> int:
+    """``tf-amp probe``: each allow/infer op of a GraphDef timed in float32 and the target."""
+    from tf_amp import probe
+    from tf_amp.config import RewriteConfig
+
+    overrides = {"target_dtype": args.target_dtype} if args.target_dtype else {}
+    config = RewriteConfig.from_env(**overrides)
+    print(f"target: {config.target_dtype} ({config.target_reason})")
+    if not config.rewrites:
+        print("nothing to time: the target is float32")
+        return 0
+    graph_def = read_graph_def(args.input)
+    lists = config.resolved_lists()
+    categories = {op: lists.category(op) for op in {n.op for n in graph_def.node}}
+    timings = probe.probe_graph(graph_def, config.target_dtype, categories, args.repeats)
+    print(f"{'op at its input shapes':<60} {'list':<6} {'float32':>10} "
+          f"{config.target_dtype:>10} {'ratio':>6}  nodes  decision")
+    for t in sorted(timings, key=lambda t: -t.float32_s):
+        decision = "keep float32" if t.keep_float32 else config.target_dtype
+        print(f"{t.signature.describe()[:60]:<60} {t.category:<6} {t.float32_s * 1e3:>8.3f}ms "
+              f"{t.reduced_s * 1e3:>8.3f}ms {t.ratio:>6.2f}  {len(t.nodes):>5}  {decision}")
+    slow = probe.slow_nodes(timings)
+    print(f"{len(timings)} op signatures timed; {len(slow)} node(s) kept float32")
+    return 0

@@ -1,0 +1,86 @@
+"""``tf-amp rewrite IN OUT``: a GraphDef file or a SavedModel directory, rewritten."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from tf_amp.cli.graph_files import read_graph_def, write_graph_def
+from tf_amp.cli.saved_model import rewrite_saved_model
+
+
+def _config_from_args(args: argparse.Namespace) -> Any:
+    """The environment's config with the command line's options on top."""
+    from tf_amp.config import RewriteConfig
+
+    overrides: dict[str, Any] = {}
+    if args.target_dtype:
+        overrides["target_dtype"] = args.target_dtype
+    if args.opt_level:
+        overrides["opt_level"] = args.opt_level
+    if args.devices:
+        overrides["eligible_devices"] = args.devices
+    if args.preserve:
+        overrides["preserve_nodes"] = frozenset(split_names(args.preserve))
+    if args.preserve_names:
+        overrides["preserve_names"] = True
+    if args.exclude_scope:
+        overrides["exclude_scopes"] = tuple(args.exclude_scope)
+    if args.log_dir:
+        overrides["log_dir"] = args.log_dir
+    if args.no_kernel_check:
+        overrides["check_kernels"] = False
+    if args.probe:
+        overrides["probe"] = True
+    return RewriteConfig.from_env(**overrides)
+
+
+def run(args: argparse.Namespace) -> int:
+    """``tf-amp rewrite``: prints the target and the summary line per graph."""
+    config = _config_from_args(args)
+    if os.path.isdir(args.input):
+        reports = rewrite_saved_model(args.input, args.output, config)
+    else:
+        if os.path.isdir(args.output):
+            raise IsADirectoryError(f"OUT {args.output} is a directory; give a GraphDef file")
+        both = os.path.exists(args.input) and os.path.exists(args.output)
+        if both and os.path.samefile(args.input, args.output):
+            raise ValueError("OUT must differ from IN (the GraphDef is copied, not edited)")
+        reports = [rewrite_graph_def_file(args.input, args.output, config)]
+    if reports:
+        print(f"target: {reports[0].target_dtype} ({reports[0].target_reason})")
+    for i, report in enumerate(reports):
+        where = f"MetaGraph {i}: " if len(reports) > 1 else ""
+        line = report.summary_line() if report.changed else "nothing to do (graph unchanged)"
+        print(where + line)
+    print(f"wrote {args.output}")
+    return 0
+
+
+def rewrite_graph_def_file(source: str, target: str, config: Any) -> Any:
+    """Rewrites one GraphDef file; returns the report.
+
+    A GraphDef names no fetches, so without ``--preserve`` its outputs (the nodes nothing
+    reads: a frozen model's logits, say) are preserved: whoever runs the file fetches them by
+    name and expects the dtype they had.
+    """
+    from tf_amp.rewriter import rewrite_graph_def
+
+    graph_def = read_graph_def(source)
+    if not config.preserve_nodes:
+        config = config.replace(preserve_nodes=_outputs(graph_def))
+    result = rewrite_graph_def(graph_def, config)
+    write_graph_def(result.graph_def, target)
+    return result.report
+
+
+def _outputs(graph_def: Any) -> frozenset[str]:
+    """Main-graph nodes that no node reads (through a data or a control input)."""
+    read = {text.lstrip("^").split(":")[0] for node in graph_def.node for text in node.input}
+    return frozenset(node.name for node in graph_def.node if node.name not in read)
+
+
+def split_names(value: str) -> list[str]:
+    """Comma-separated names; blanks ignored."""
+    return [part.strip() for part in value.split(",") if part.strip()]

@@ -1,0 +1,90 @@
+"""Rewriting a SavedModel: every MetaGraph's GraphDef and library, variables copied unchanged."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from typing import Any
+
+from tf_amp.cli.graph_files import read_bytes
+
+_FINGERPRINT = "fingerprint.pb"
+# Marks a directory as written by `tf-amp rewrite`, so a later run may replace it
+# (assets.extra is where a SavedModel keeps files TensorFlow does not read).
+_MARKER = os.path.join("assets.extra", "tf_amp_rewrite.json")
+
+
+def rewrite_saved_model(source: str, target: str, config: Any) -> Any:
+    """Copies a SavedModel, rewriting every MetaGraph's GraphDef and function library.
+
+    Variables and assets are copied unchanged: the rewrite never changes a variable's name or
+    dtype, so the checkpoint in ``variables/`` still matches. Signature outputs are preserved
+    (their dtypes do not change) because the signatures' nodes are added to ``preserve_nodes``.
+    Returns one report per MetaGraph.
+
+    OUT is replaced only when it is an earlier output of this command (it carries the
+    ``assets.extra/tf_amp_rewrite.json`` marker) or an empty directory, and never when it is or
+    contains IN: anything else there is the user's, and is not ours to delete.
+    """
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    from tf_amp.rewriter import rewrite_graph_def
+
+    pb_path = os.path.join(source, "saved_model.pb")
+    if not os.path.exists(pb_path):
+        raise FileNotFoundError(f"{source} is a directory without saved_model.pb")
+    _check_saved_model_target(source, target)
+    saved_model = saved_model_pb2.SavedModel()
+    saved_model.ParseFromString(read_bytes(pb_path))
+    reports = []
+    for meta_graph in saved_model.meta_graphs:
+        keep = {
+            tensor.name.split(":")[0]
+            for signature in meta_graph.signature_def.values()
+            for tensor in list(signature.outputs.values()) + list(signature.inputs.values())
+        }
+        effective = config.replace(preserve_nodes=frozenset(config.preserve_nodes) | keep)
+        result = rewrite_graph_def(meta_graph.graph_def, effective)
+        meta_graph.graph_def.CopyFrom(result.graph_def)
+        reports.append(result.report)
+    if os.path.exists(target):
+        shutil.rmtree(target)
+    # fingerprint.pb describes the original saved_model.pb: it is made anew below.
+    ignore = shutil.ignore_patterns("saved_model.pb", _FINGERPRINT)
+    shutil.copytree(source, target, ignore=ignore)
+    with open(os.path.join(target, "saved_model.pb"), "wb") as f:
+        f.write(saved_model.SerializeToString())
+    if os.path.exists(os.path.join(source, _FINGERPRINT)):
+        _write_fingerprint(target)
+    marker = os.path.join(target, _MARKER)
+    os.makedirs(os.path.dirname(marker), exist_ok=True)
+    with open(marker, "w", encoding="utf-8") as f:
+        json.dump({"rewritten_from": os.path.abspath(source), "tool": "tf-amp rewrite"}, f)
+    return reports
+
+
+def _check_saved_model_target(source: str, target: str) -> None:
+    """Refuses an OUT whose replacement would destroy IN or files that are not ours."""
+    source_path, target_path = os.path.realpath(source), os.path.realpath(target)
+    if source_path == target_path:
+        raise ValueError("OUT must differ from IN (the SavedModel is copied, not edited)")
+    if os.path.commonpath([source_path, target_path]) == target_path:
+        raise ValueError(f"OUT {target} contains IN {source}; it would be deleted")
+    if os.path.isdir(target) and os.listdir(target):
+        if not os.path.exists(os.path.join(target, _MARKER)):
+            raise FileExistsError(
+                f"OUT {target} is a non-empty directory that tf-amp did not write; remove it "
+                "or choose another path (only an earlier tf-amp output is replaced)"
+            )
+    elif os.path.exists(target) and not os.path.isdir(target):
+        raise FileExistsError(f"OUT {target} is a file; a SavedModel is a directory")
+
+
+def _write_fingerprint(export_dir: str) -> None:
+    """Writes the fingerprint of the rewritten SavedModel, as tf.saved_model.save does."""
+    from tensorflow.python.saved_model.pywrap_saved_model import fingerprinting
+
+    serialized = fingerprinting.CreateFingerprintDef(export_dir)
+    with open(os.path.join(export_dir, _FINGERPRINT), "wb") as f:
+        f.write(serialized)

@@ -1,0 +1,126 @@
+"""``OpLists``: the four disjoint sets of op types, their defaults, and their edits."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from tf_amp.lists.bfloat16 import BF16_ALLOW, BF16_CLEAR, BF16_DENY, BF16_INFER
+from tf_amp.lists.environment import (
+    ENV_PREFIX,
+    LEVEL_ENV,
+    LEVELS,
+    level_from_env,
+    list_edits_from_env,
+)
+from tf_amp.lists.float16 import FP16_ALLOW, FP16_CLEAR, FP16_DENY, FP16_INFER
+from tf_amp.lists.names import LIST_NAMES
+
+
+@dataclass(frozen=True)
+class OpLists:
+    """Four disjoint sets of op type names. Construct with ``OpLists.default()`` or
+    ``OpLists.from_env()``; direct construction validates disjointness.
+
+    >>> lists = OpLists.default()
+    >>> lists.category("MatMul")
+    'allow'
+    """
+
+    allow: frozenset[str]
+    infer: frozenset[str]
+    clear: frozenset[str]
+    deny: frozenset[str]
+
+    def __post_init__(self) -> None:
+        for name in LIST_NAMES:
+            object.__setattr__(self, name, frozenset(getattr(self, name)))
+        seen: dict[str, str] = {}
+        for name in LIST_NAMES:
+            for op in sorted(getattr(self, name)):
+                if op in seen:
+                    raise ValueError(
+                        f"Op {op!r} is on both the {seen[op]} list and the {name} list; an op "
+                        f"must be on at most one list (remove it from one of them, e.g. with "
+                        f"{ENV_PREFIX}{seen[op].upper()}LIST_REMOVE={op})."
+                    )
+                seen[op] = name
+        object.__setattr__(self, "_category", seen)
+
+    def category(self, op: str) -> str | None:
+        """The list ``op`` is on, or None (ops on no list stay float32)."""
+        return self._category.get(op)  # type: ignore[attr-defined]
+
+    def as_dict(self) -> dict[str, list[str]]:
+        """Sorted plain data, for logs and JSON."""
+        return {name: sorted(getattr(self, name)) for name in LIST_NAMES}
+
+    @classmethod
+    def default(cls, target_dtype: str = "float16") -> OpLists:
+        """TensorFlow's default lists for ``target_dtype`` ("float16" or "bfloat16")."""
+        if target_dtype not in ("float16", "bfloat16"):
+            raise ValueError(f"target_dtype must be 'float16' or 'bfloat16', got {target_dtype!r}")
+        if target_dtype == "float16":
+            return cls(allow=FP16_ALLOW, infer=FP16_INFER, clear=FP16_CLEAR, deny=FP16_DENY)
+        return cls(allow=BF16_ALLOW, infer=BF16_INFER, clear=BF16_CLEAR, deny=BF16_DENY)
+
+    def with_level(self, level: str) -> OpLists:
+        """Apply TensorFlow's ``..._LEVEL``: TENSOR_CORES_ONLY keeps only the allow list;
+        TREAT_INFER_AS_DENY moves infer ops to deny; UNSAFE_FORCE_ALL is handled by the
+        painter (it paints everything) and leaves the lists alone."""
+        level = level.upper()
+        if level not in LEVELS:
+            raise ValueError(f"{LEVEL_ENV} must be one of {LEVELS[1:]} or empty, got {level!r}")
+        if level == "TENSOR_CORES_ONLY":
+            return OpLists(self.allow, frozenset(), frozenset(), frozenset())
+        if level == "TREAT_INFER_AS_DENY":
+            return OpLists(self.allow, frozenset(), self.clear, self.deny | self.infer)
+        return self
+
+    def with_edits(self, edits: Iterable[tuple[str, ...]]) -> OpLists:
+        """Apply ``(list_name, "ADD"|"REMOVE", op[, source])`` edits in order.
+
+        Adding an op moves it off the default list it was on (so ``ALLOWLIST_ADD=Mul`` just
+        works, where TensorFlow would crash on "op in multiple lists"); adding the same op to
+        two lists in the same edit set is the user's contradiction and an error, which names
+        the two ``source``s (the environment variables) when given.
+        """
+        sets = {name: set(getattr(self, name)) for name in LIST_NAMES}
+        added: dict[str, tuple[str, str]] = {}  # op -> (list, source) of its ADD
+        for list_name, verb, op, *source in edits:
+            where = f" ({source[0]})" if source else ""
+            if verb == "ADD":
+                if op in added and added[op][0] != list_name:
+                    first_list, first_where = added[op]
+                    raise ValueError(
+                        f"Op {op!r} is added to both the {first_list} list{first_where} and the "
+                        f"{list_name} list{where}; choose one."
+                    )
+                added[op] = (list_name, where)
+                for other in LIST_NAMES:
+                    sets[other].discard(op)
+                sets[list_name].add(op)
+            else:
+                sets[list_name].discard(op)
+        return OpLists(**{name: frozenset(values) for name, values in sets.items()})
+
+    @classmethod
+    def from_env(
+        cls,
+        environ: Mapping[str, str] | None = None,
+        target_dtype: str = "float16",
+        base: OpLists | None = None,
+        apply_level: bool = True,
+    ) -> OpLists:
+        """Defaults (or ``base``) edited by every list variable set in ``environ``.
+
+        Names that TensorFlow has no op for are kept (custom ops may be loaded later) but
+        warned about with the closest registered names, because a typo here otherwise fails
+        silently.
+        """
+        env = os.environ if environ is None else environ
+        lists = base if base is not None else cls.default(target_dtype)
+        lists = lists.with_edits(list_edits_from_env(env))
+        level = level_from_env(env)
+        return lists.with_level(level) if apply_level else lists

@@ -1,0 +1,201 @@
+"""Which nodes may change at all, and which op list each vertex's op is on.
+
+A node is *eligible* unless something outside numerics pins its dtype: a feed or fetch the
+caller preserves, an op the probe measured slower in the target, state (constants, variables,
+checkpoints, transfers), an op whose dtype is what it computes, a function call (its body is
+rewritten instead), an excluded name scope or ``_tf_amp_exclude`` attr, a node on the wrong
+device, an op TensorFlow does not know, the cancelling sum of a normalization (float16's
+default). The reason is kept per node (``node_block``, a
+``Block``) so the report can say it in words. Gradient ops of an excluded region are
+excluded with it.
+"""
+
+from __future__ import annotations
+
+import re
+
+from tf_amp.config import RewriteConfig
+from tf_amp.lists import OpLists
+from tf_amp.painter.colours import CAT_NONE, CATEGORY_OF_LIST
+from tf_amp.painter.normalization_guard import normalization_sum_nodes
+from tf_amp.painter.reasons import Block
+from tf_amp.type_attrs import (
+    EXCLUDE_NOT_READ,
+    EXCLUDE_USER,
+    EXCLUDE_VIEW,
+    BodyView,
+    device_type,
+    exclude_mark,
+)
+
+# Ops that must keep their dtype whatever the lists say: feeds, constants (their tensor bytes
+# are float32), variables (master weights), checkpoints and cross-device transfers.
+PINNED_OPS: frozenset[str] = frozenset(
+    {
+        "Const",
+        "HostConst",
+        "Placeholder",
+        "PlaceholderV2",
+        "PlaceholderWithDefault",
+        "Variable",
+        "VariableV2",
+        "VarHandleOp",
+        "ReadVariableOp",
+        "_Arg",
+        "_Retval",
+        "_Send",
+        "_Recv",
+        "_HostSend",
+        "_HostRecv",
+        "Send",
+        "Recv",
+        "SaveV2",
+        "RestoreV2",
+        "Save",
+        "SaveSlices",
+        "Restore",
+        "RestoreSlice",
+        "MergeV2Checkpoints",
+    }
+)
+
+# Ops whose float type is part of what they compute, not its precision, so O2/O3 (which paint
+# every half-capable op) must leave them alone too: Bitcast reinterprets the bits; Python
+# functions return what their code returns; DecodeRaw/ParseTensor/SerializeTensor/Fingerprint
+# read or write the bytes of a dtype; Range counts (float16 cannot hold integers above 2048,
+# and its shape function rejects half, so the graph would not even import).
+DTYPE_BOUND_OPS: frozenset[str] = frozenset(
+    {
+        "Bitcast",
+        "PyFunc",
+        "PyFuncStateless",
+        "EagerPyFunc",
+        "DecodeRaw",
+        "DecodePaddedRaw",
+        "ParseTensor",
+        "SerializeTensor",
+        "Fingerprint",
+        "Range",
+    }
+)
+
+# Name prefixes of gradient ops: TF2 tapes and TF1 tf.gradients (gradients, gradients_1, ...).
+_GRADIENT_PREFIX = re.compile(r"(?:gradient_tape|gradients(?:_\d+)?)/")
+
+
+def list_categories(view: BodyView, lists: OpLists) -> bytearray:
+    """Per vertex, the category (``CAT_*``) of the list its op is on; looked up once per op."""
+    category = lists.category
+    cat = bytearray(view.num_vertices)
+    op_cat: dict[str, int] = {}
+    for v, n in enumerate(view.v_node):
+        op = view.ops[n]
+        c = op_cat.get(op)
+        if c is None:
+            c = CATEGORY_OF_LIST.get(category(op) or "", CAT_NONE)
+            op_cat[op] = c
+        cat[v] = c
+    return cat
+
+
+def node_eligibility(
+    view: BodyView,
+    config: RewriteConfig,
+    preserve: frozenset[str],
+    slow: frozenset[str],
+) -> tuple[bytearray, list[str]]:
+    """(per node: 1 if it may change, per node: the ``Block`` saying why not, "" if it may).
+
+    Pseudo-nodes (``_Arg``/``_Retval``) are never eligible: they are the function boundary.
+    """
+    node_eligible = bytearray(len(view.names))
+    node_block = [""] * len(view.names)
+    scopes = tuple(s.rstrip("/") for s in config.exclude_scopes if s.strip("/"))
+    prefixes = tuple(s + "/" for s in scopes)
+    scope_set = frozenset(scopes)
+    gpu_only = config.eligible_devices == "gpu"
+    default_dev = config.default_device_type
+    exclude_attr = view.exclude_attr
+    for n in range(view.num_real):
+        info = view.infos[n]
+        op = view.ops[n]
+        name = view.names[n]
+        block: str = ""
+        if info is None:
+            block = Block.UNKNOWN_OP
+        elif name in preserve:
+            block = Block.PRESERVED
+        elif name in slow:
+            block = Block.MEASURED_SLOW
+        elif op in PINNED_OPS or info.touches_state:
+            block = Block.STATE
+        elif op in DTYPE_BOUND_OPS:
+            block = Block.DTYPE_BOUND
+        elif info.is_function or info.has_func_attr:
+            block = Block.FUNCTION
+        elif prefixes and (name in scope_set or name.startswith(prefixes)):
+            block = Block.EXCLUDED
+        elif gpu_only and device_type(view.devices[n], default_dev) != "GPU":
+            block = Block.DEVICE
+        else:
+            mark = exclude_attr[n]
+            if mark == EXCLUDE_NOT_READ:
+                mark = exclude_mark(view.protos[n].attr)
+            if mark == EXCLUDE_USER:
+                block = Block.EXCLUDED
+            elif mark == EXCLUDE_VIEW:
+                block = Block.FLOAT32_VIEW
+        if block:
+            node_block[n] = block
+        else:
+            node_eligible[n] = 1
+    _exclude_backward_of_excluded(view, node_eligible, node_block)
+    _guard_normalization_sums(view, config, node_eligible, node_block)
+    for n in range(view.num_real, len(view.names)):
+        node_block[n] = Block.FUNCTION_BOUNDARY
+    return node_eligible, node_block
+
+
+def _guard_normalization_sums(
+    view: BodyView, config: RewriteConfig, node_eligible: bytearray, node_block: list[str]
+) -> None:
+    """Keeps float32 the ``x * inv + shift`` of each normalization
+    (``tf_amp.painter.normalization_guard``): its half rounding cancels to a large error.
+    Never at O3 / UNSAFE_FORCE_ALL, which ask for every op."""
+    forced_all = config.opt_level == "O3" or config.level == "UNSAFE_FORCE_ALL"
+    if not config.guards_normalization or forced_all:
+        return
+    for n in normalization_sum_nodes(view):
+        if node_eligible[n]:
+            node_eligible[n] = 0
+            node_block[n] = Block.NORMALIZATION
+
+
+def _exclude_backward_of_excluded(
+    view: BodyView, node_eligible: bytearray, node_block: list[str]
+) -> None:
+    """Keeps the gradient ops of an excluded region float32 like its forward ops.
+
+    A region excluded by name scope or by ``_tf_amp_exclude`` (``tf_amp.keep_float32``)
+    would otherwise run its backward pass in half: gradient ops carry neither the scope nor
+    the attribute. They are named after the forward op they differentiate:
+    ``gradient_tape/<forward op>/...`` (TF2 tapes) or ``gradients[_N]/<forward op>_grad/...``
+    (TF1 ``tf.gradients``), so a gradient op whose forward path lies under an excluded node
+    is excluded too.
+    """
+    excluded = {view.names[n] for n in range(view.num_real) if node_block[n] == Block.EXCLUDED}
+    if not excluded:
+        return
+    for n in range(view.num_real):
+        if not node_eligible[n]:
+            continue
+        match = _GRADIENT_PREFIX.match(view.names[n])
+        if match is None:
+            continue
+        parts = [p[:-5] if p.endswith("_grad") else p
+                 for p in view.names[n][match.end():].split("/")]
+        for depth in range(1, len(parts) + 1):
+            if "/".join(parts[:depth]) in excluded:
+                node_eligible[n] = 0
+                node_block[n] = Block.EXCLUDED
+                break
