@@ -35,8 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tensorflow.python.framework import kernels
-
+from tf_amp._upstream.tensorflow import kernels
 from tf_amp.config import RewriteConfig
 from tf_amp.lists import ALLOW, CLEAR, DENY, INFER, OpLists
 from tf_amp.type_attrs import (
