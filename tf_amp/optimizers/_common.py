@@ -15,14 +15,11 @@ from typing import Any
 
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2, summary_pb2
-from tensorflow.python.ops import summary_ops_v2
 
+from tf_amp._upstream.tensorflow import has_default_summary_writer
 from tf_amp.config import local_device_type
 from tf_amp.loss_scale import LossScale, LossScaleState
 from tf_amp.ops import in_xla_context
-
-GRAPH_REWRITE_ATTR = "_tf_amp_graph_rewrite"
-"""Attribute set to True on a wrapper returned by ``enable_mixed_precision_graph_rewrite``."""
 
 FLOOR_WARNING_SKIPS = 2
 """Default of ``floor_warning_skips``: skips in a row at the floor before the warning prints."""
@@ -340,7 +337,7 @@ def write_summaries(scale: Any, skipped: Any, step: Any) -> None:
     ``tf.summary.write`` is a trace-time no-op without a default writer, so this costs nothing
     unless the user opened one (``with writer.as_default():``, or Keras's TensorBoard callback).
     """
-    if not summary_ops_v2.has_default_writer():
+    if not has_default_summary_writer():
         return  # nothing would be written: add no reads or casts to the step
     step = tf.cast(step, tf.int64)
     metadata = _scalar_metadata()

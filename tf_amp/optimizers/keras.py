@@ -34,15 +34,14 @@ from typing import Any
 
 import keras
 import tensorflow as tf
-from keras.src import backend as keras_backend
-from keras.src.saving.keras_saveable import KerasSaveable
-from keras.src.utils import tracking
 
 from tf_amp import loss_scale as loss_scale_lib
+from tf_amp._upstream.keras import KerasSaveable, no_automatic_dependency_tracking
 from tf_amp.loss_scale import LossScale, LossScaleState
 from tf_amp.ops import unscale_and_check_finite
 from tf_amp.optimizers import _checkpoint_layout, _common, _keras_config
 from tf_amp.optimizers._unscaled_marks import UnscaledMarks, current_graph
+from tf_amp.runtime._state import optimizer_wants_rewrite
 
 # Base-optimizer arguments that belong on the inner optimizer, not on the wrapper.
 _INNER_ONLY_ARGS = {
@@ -221,7 +220,7 @@ class KerasLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         self._create_state()
 
     # ----------------------------------------------------------------------------- state
-    @tracking.no_automatic_dependency_tracking
+    @no_automatic_dependency_tracking
     def _create_state(self) -> None:
         """Creates the loss-scale variables now, as Keras creates ``iterations`` in __init__.
 
@@ -242,7 +241,7 @@ class KerasLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         ]
         self._state_checkpoint = _checkpoint_layout.StateTrackable(self._state_vars)
 
-    @tracking.no_automatic_dependency_tracking
+    @no_automatic_dependency_tracking
     def build(self, var_list: Sequence[Any]) -> None:
         self.inner_optimizer.build(var_list)
         # Only the bookkeeping of Keras's base build: its EMA copies and gradient accumulators
@@ -440,7 +439,7 @@ class KerasLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
                     "pass trainable_variables on the first apply() (or call "
                     "build(trainable_variables) first)"
                 )
-            with keras_backend.name_scope(self.name, caller=self):
+            with keras.name_scope(self.name, caller=self):
                 self.build(list(trainable_variables))
         if not self.enabled:
             self.inner_optimizer.apply(grads, trainable_variables)
@@ -517,7 +516,7 @@ class KerasLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
 
     # ----------------------------------------------------------------- serialization
     def get_config(self) -> dict[str, Any]:
-        graph_rewrite = bool(getattr(self, _common.GRAPH_REWRITE_ATTR, False))
+        graph_rewrite = optimizer_wants_rewrite(self)
         return _keras_config.wrapper_config(self, graph_rewrite)
 
     @classmethod
@@ -532,7 +531,9 @@ class KerasLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         graph_rewrite = config.pop("graph_rewrite", False)  # absent in files saved before it
         optimizer = cls(inner, loss_scale=policy, **config)
         if graph_rewrite:
-            from tf_amp.enable import mark_for_rewrite  # on use: enable imports this module
+            # On use: the switch loads the Keras adapter and the rewriter, which a wrapper
+            # that never asked for the rewrite does not need.
+            from tf_amp.runtime.rewrite_switch import mark_for_rewrite
 
             mark_for_rewrite(optimizer)
         return optimizer

@@ -20,7 +20,8 @@ from typing import Any
 
 from tensorflow.core.framework import attr_value_pb2, graph_pb2
 from tensorflow.core.protobuf import config_pb2, meta_graph_pb2, rewriter_config_pb2
-from tensorflow.python.grappler import tf_optimizer
+
+from tf_amp._upstream.tensorflow import tf_optimizer
 
 _LOG = logging.getLogger("tf_amp")
 _UID = itertools.count()

@@ -33,15 +33,14 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 from tensorflow.core.protobuf import config_pb2
-from tensorflow.python.client import session as session_lib
-from tensorflow.python.framework import importer
 
+from tf_amp._upstream import tensorflow as upstream_tf
 from tf_amp.runtime import _graphdef
 
 _LOG = logging.getLogger("tf_amp")
 
 
-class Session(session_lib.Session):
+class Session(upstream_tf.Session):
     """Runs the name-preserving mixed-precision rewrite of ``graph``; otherwise a TF1 Session.
 
     ``rewrite_config`` is a ``tf_amp.RewriteConfig`` (default: from the environment);
@@ -58,7 +57,7 @@ class Session(session_lib.Session):
     ) -> None:
         super().__init__(target, graph, config)  # self._graph: the user's graph (sess.graph)
         self._amp_graph = tf.Graph()
-        self._amp_inner = session_lib.Session(target, graph=self._amp_graph, config=config)
+        self._amp_inner = upstream_tf.Session(target, graph=self._amp_graph, config=config)
         self._amp_imported: set[str] = set()  # user node names already in the private graph
         self._amp_renamed: dict[str, str] = {}  # user node name -> its half twin's name
         self._amp_synced_version = -1
@@ -104,7 +103,7 @@ class Session(session_lib.Session):
         subset = _graphdef.rename_library_functions(subset) if frozen else subset
         input_map, controls = self._external_inputs(subset, existing)
         with self._amp_graph.as_default():
-            importer.import_graph_def(subset, input_map=input_map, name="")
+            tf.graph_util.import_graph_def(subset, input_map=input_map, name="")
         get_op = self._amp_graph.get_operation_by_name
         for node_name, op_name in controls:
             get_op(node_name)._add_control_input(get_op(op_name))  # noqa: SLF001
@@ -250,7 +249,7 @@ class Session(session_lib.Session):
         super().close()
 
 
-class InteractiveSession(Session, session_lib.InteractiveSession):
+class InteractiveSession(Session, upstream_tf.InteractiveSession):
     """``tf.compat.v1.InteractiveSession`` running the rewritten graph.
 
     It installs itself as the default session on construction (TensorFlow's
