@@ -37,3 +37,23 @@ def children(wrapper: Any, save_type: str, **kwargs: Any) -> dict[str, Any]:
     found[STATE_CHILD] = wrapper._state_checkpoint  # noqa: SLF001
     return found
 
+
+class InnerCheckpointLayout:
+    """Mixin of the Keras wrapper: ``tf.train.Checkpoint`` and SavedModel see the inner
+    optimizer's layout plus the ``loss_scale`` child (see the module docstring)."""
+
+    def _trackable_children(self, save_type: str = "checkpoint", **kwargs: Any) -> dict:
+        return children(self, save_type, **kwargs)
+
+    def _lookup_dependency(self, name: str, cached_dependencies: Any = None) -> Any:
+        if cached_dependencies is None:  # the wrapper tracking its own attributes
+            return super()._lookup_dependency(name)
+        return cached_dependencies.get(name)  # a restore, given the children above
+
+    @property
+    def _deferred_dependencies(self) -> dict:
+        # Entries restored before the inner optimizer created them wait on the inner one,
+        # which is the object that creates them (Keras's base __init__ asks before it exists).
+        inner = self.__dict__.get("inner_optimizer")
+        owner = super() if inner is None else inner
+        return owner._deferred_dependencies  # noqa: SLF001
