@@ -3,6 +3,8 @@ that names the range (the checking function takes the versions as arguments: no 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tf_amp._upstream import versions
@@ -68,3 +70,11 @@ def test_allowing_unsupported_versions_turns_the_error_into_a_warning(monkeypatc
     monkeypatch.setenv(versions.ENV_ALLOW_UNSUPPORTED, "0")
     with pytest.raises(UnsupportedVersionError):
         versions.enforce("2.15.0", "2.15.0")
+
+
+def test_pyproject_and_readme_state_the_same_range() -> None:
+    root = Path(__file__).resolve().parent.parent
+    pyproject = (root / "pyproject.toml").read_text(encoding="utf-8")
+    assert f'"keras{",".join(versions.KERAS_RANGE)}"' in pyproject
+    assert f'"tensorflow{",".join(versions.TENSORFLOW_RANGE)}"' in pyproject
+    assert versions.describe_range() in (root / "README.md").read_text(encoding="utf-8")

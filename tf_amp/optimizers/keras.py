@@ -35,13 +35,18 @@ import tensorflow as tf
 
 from tf_amp import loss_scale as loss_scale_lib
 from tf_amp._upstream.keras import no_automatic_dependency_tracking
-from tf_amp.loss_scale import LossScaleState
 from tf_amp.ops import unscale_and_check_finite
-from tf_amp.optimizers import _checkpoint_layout, _common, _keras_arguments, _keras_config
+from tf_amp.optimizers import (
+    _apply_or_skip,
+    _common,
+    _keras_arguments,
+    _keras_config,
+    _summaries,
+)
 from tf_amp.optimizers._checkpoint_layout import InnerCheckpointLayout
 from tf_amp.optimizers._keras_arguments import FORWARDED_ATTRIBUTES, DelegatesToInner
 from tf_amp.optimizers._keras_saving import SavesAsInner
-from tf_amp.optimizers._keras_state_views import LossScaleViews
+from tf_amp.optimizers._keras_state import LossScaleStateOwner
 from tf_amp.optimizers._unscaled_marks import (
     UnscaledMarks,
     current_graph,
@@ -50,14 +55,12 @@ from tf_amp.optimizers._unscaled_marks import (
 from tf_amp.optimizers.callback import LossScaleCallback
 from tf_amp.runtime._state import optimizer_wants_rewrite
 
-_STATE_FIELDS = LossScaleState._fields
-
 
 @keras.saving.register_keras_serializable(package="tf_amp")
 class KerasLossScaleOptimizer(
     SavesAsInner,
     InnerCheckpointLayout,
-    LossScaleViews,
+    LossScaleStateOwner,
     DelegatesToInner,
     keras.optimizers.LossScaleOptimizer,
 ):
@@ -109,27 +112,6 @@ class KerasLossScaleOptimizer(
         self._create_state()
 
     # ----------------------------------------------------------------------------- state
-    @no_automatic_dependency_tracking
-    def _create_state(self) -> None:
-        """Creates the loss-scale variables now, as Keras creates ``iterations`` in __init__.
-
-        They depend on no model variable, and existing before ``build`` is what makes them
-        readable before the first step and what lets ``tf.train.Checkpoint.restore`` into a
-        fresh wrapper land at once, so the first ``scale_loss`` already uses the restored scale.
-        """
-        initial = [self._policy.initial_scale] + [0] * (len(_STATE_FIELDS) - 1)
-        self._state_vars = [
-            self.add_variable(
-                shape=(),
-                dtype="float32" if field == "scale" else "int64",
-                initializer=keras.initializers.Constant(float(value)),
-                aggregation="only_first_replica",
-                name=f"loss_scale_{field}",
-            )
-            for field, value in zip(_STATE_FIELDS, initial, strict=True)
-        ]
-        self._state_checkpoint = _checkpoint_layout.StateTrackable(self._state_vars)
-
     @no_automatic_dependency_tracking
     def build(self, var_list: Sequence[Any]) -> None:
         self.inner_optimizer.build(var_list)
@@ -237,9 +219,9 @@ class KerasLossScaleOptimizer(
         ]
         unscaled, finite = unscale_and_check_finite(raw, tf.constant(1.0) if already else scale)
         unscaled = [u if r is not None else g for u, r, g in zip(unscaled, raw, grads, strict=True)]
-        finite = _common.all_replicas_finite(finite)
+        finite = _apply_or_skip.all_replicas_finite(finite)
 
-        done = _common.apply_if_finite(
+        done = _apply_or_skip.apply_if_finite(
             finite,
             self.inner_optimizer.apply,
             unscaled,
@@ -250,7 +232,7 @@ class KerasLossScaleOptimizer(
             self.max_consecutive_skips,
         )
         with tf.control_dependencies([done] if done is not None else []):
-            _common.write_summaries(state_vars[0], state_vars[2], self.iterations)
+            _summaries.write_summaries(state_vars[0], state_vars[2], self.iterations)
         return None
 
     def apply_gradients(self, grads_and_vars: Any) -> Any:

@@ -243,13 +243,13 @@ def keras_apply_patch(original: Callable[..., Any]) -> Callable[..., Any]:
                 raise ValueError("pass trainable_variables on the first apply()")
             self.build(list(variables))
 
-        from tf_amp.optimizers import _common
+        from tf_amp.optimizers import _apply_or_skip, _common
 
         # The same decision as tf_amp.LossScaleOptimizer: ANDed over replicas, one cond that
         # applies or skips and moves the scale, the floor alarm, and under MirroredStrategy
         # the cond in the cross-replica context (the inner apply all-reduces gradients).
-        _common.apply_if_finite(
-            _common.all_replicas_finite(finite),
+        _apply_or_skip.apply_if_finite(
+            _apply_or_skip.all_replicas_finite(finite),
             lambda g, v: original(self, g, v),
             grads,
             trainable_variables,

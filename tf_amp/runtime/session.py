@@ -8,14 +8,14 @@ Typical use (a drop-in for ``tf.compat.v1.Session``)::
             _, loss_value = sess.run([train_op, loss], {images: x, labels: y})
         saver.save(sess, "ckpt/model")
 
-How (DESIGN.md section 4): the user's graph is rewritten with ``preserve_names=True`` and
-imported into a private graph that a private session runs. Every original node name still
-exists there and still yields its original dtype (an op that became half moved to a new name
-and a Cast back to float took its name), so fetches and feeds are mapped by name, fetched values
-keep their dtypes, and ``Saver`` (which runs ops by name) works against ``sess.graph``, which stays
-the user's graph. Variables keep their names and dtypes, so checkpoints are interchangeable with
-float32 training. Ops the user adds later are rewritten and imported incrementally on the next
-``run``, with the already imported nodes held fixed.
+How (the runtime section of docs/ARCHITECTURE.md): the user's graph is rewritten with
+``preserve_names=True`` and imported into a private graph that a private session runs. Every
+original node name still exists there and still yields its original dtype (an op that became
+half moved to a new name and a Cast back to float took its name), so fetches and feeds are
+mapped by name, fetched values keep their dtypes, and ``Saver`` (which runs ops by name) works
+against ``sess.graph``, which stays the user's graph. Variables keep their names and dtypes, so
+checkpoints are interchangeable with float32 training. Ops the user adds later are rewritten and
+imported incrementally on the next ``run``, with the already imported nodes held fixed.
 
 Feeding an intermediate tensor: when its op went half, the half consumers read the op's new name,
 not the fed (float) name, so the session also feeds the half twin (the value cast to half, as the

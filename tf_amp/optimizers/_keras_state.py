@@ -1,24 +1,50 @@
-"""The Keras wrapper's loss-scale state as users read and set it (Keras 3 / tf.keras names).
+"""The Keras wrapper's loss-scale state: its variables, and the names users read and set it by
+(Keras 3 / tf.keras names).
 
-A mixin of :class:`tf_amp.optimizers.keras.KerasLossScaleOptimizer`, which owns the state
-variables (``_state_vars``: one per ``LossScaleState`` field) and the policy (``_policy``).
+A mixin of :class:`tf_amp.optimizers.keras.KerasLossScaleOptimizer`, which sets the policy
+(``_policy``) and ``enabled`` before calling :meth:`LossScaleStateOwner._create_state`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import keras
 import tensorflow as tf
 
+from tf_amp._upstream.keras import no_automatic_dependency_tracking
 from tf_amp.loss_scale import LossScale, LossScaleState
+from tf_amp.optimizers import _checkpoint_layout
 
 
-class LossScaleViews:
-    """Read (and set) the scale, its counters and its policy."""
+class LossScaleStateOwner:
+    """Creates the state variables (one per ``LossScaleState`` field); reads and sets the
+    scale, its counters and its policy."""
 
     _state_vars: list[Any]
     _policy: LossScale
     enabled: bool
+
+    @no_automatic_dependency_tracking
+    def _create_state(self) -> None:
+        """Creates the loss-scale variables now, as Keras creates ``iterations`` in __init__.
+
+        They depend on no model variable, and existing before ``build`` is what makes them
+        readable before the first step and what lets ``tf.train.Checkpoint.restore`` into a
+        fresh wrapper land at once, so the first ``scale_loss`` already uses the restored scale.
+        """
+        initial = [self._policy.initial_scale] + [0] * (len(LossScaleState._fields) - 1)
+        self._state_vars = [
+            self.add_variable(
+                shape=(),
+                dtype="float32" if field == "scale" else "int64",
+                initializer=keras.initializers.Constant(float(value)),
+                aggregation="only_first_replica",
+                name=f"loss_scale_{field}",
+            )
+            for field, value in zip(LossScaleState._fields, initial, strict=True)
+        ]
+        self._state_checkpoint = _checkpoint_layout.StateTrackable(self._state_vars)
 
     def _state(self) -> LossScaleState:
         return LossScaleState(*(v.value for v in self._state_vars))
