@@ -6,7 +6,8 @@ the callee's body is in the main graph, so Grappler's function optimizer inlines
 also lowers If/While to Switch/Merge). Functions that stay in the library (``jit_compile``
 callees are never inlined) are rewritten too, and every library function gets a new unique name,
 because TensorFlow refuses to register a changed function under a name it already knows
-("duplicate function ... definitions differ"). """
+("duplicate function ... definitions differ").
+"""
 
 from __future__ import annotations
 
