@@ -39,6 +39,14 @@ Loss scaling for unmodified scripts (``tf_amp.runtime.auto_loss_scale*``)
 Optimizer wrappers (``tf_amp.optimizers``)
   * ``summary_ops_v2.has_default_writer`` -- ``tf.summary`` has no public test for a default
     writer, and without one the loss-scale summaries add no op at all.
+  * ``tf.__internal__.tracking.AutoTrackable`` -- the base of the checkpoint node that holds the
+    loss-scale variables by field name (the public ``tf.Module`` may well write the same
+    layout; not switched, so existing checkpoints keep their exact layout).
+  * ``tf.__internal__.distribute.strategy_supports_no_merge_call`` -- whether the strategy can
+    run the apply-or-skip ``tf.cond`` in the replica context, or needs ``merge_call`` (as
+    Keras's own loss-scale optimizer asks).
+  (``tf.__internal__`` is TensorFlow's API for Keras: reachable from the public module, but not
+  covered by its compatibility promise, hence listed here.)
 
 The rewrite core (``tf_amp.type_attrs``, ``painter``, ``probe``, ...)
   * ``op_def_registry`` -- OpDefs by name, to know which inputs and outputs share a type attr.
@@ -123,6 +131,8 @@ canonicalize_function_inputs = function_type_utils.canonicalize_function_inputs
 could_possibly_record = record.could_possibly_record
 copy_handle_data = handle_data_util.copy_handle_data
 has_default_summary_writer = summary_ops_v2.has_default_writer
+AutoTrackable = tf.__internal__.tracking.AutoTrackable
+strategy_supports_no_merge_call = tf.__internal__.distribute.strategy_supports_no_merge_call
 
 
 def add_function_def(function_def: Any) -> None:
@@ -155,6 +165,7 @@ def retype_tf_function(function: Any, cls: type) -> Any:
 
 __all__ = [
     "AUTOGRAPH_MODULE",
+    "AutoTrackable",
     "ConcreteFunction",
     "FuncGraph",
     "InteractiveSession",
@@ -176,6 +187,7 @@ __all__ = [
     "pywrap_tf_session",
     "retype_tf_function",
     "session_manager",
+    "strategy_supports_no_merge_call",
     "tensor_util",
     "tf_function",
     "tf_optimizer",

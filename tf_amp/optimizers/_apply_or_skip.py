@@ -13,6 +13,7 @@ from typing import Any
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 
+from tf_amp._upstream.tensorflow import strategy_supports_no_merge_call
 from tf_amp.config import local_device_type
 from tf_amp.loss_scale import LossScale, LossScaleState
 from tf_amp.optimizers._floor_alarm import floor_alarm
@@ -141,7 +142,7 @@ def apply_if_finite(
     identical on all replicas, so taking the first local value is exact. Returns the cond's
     output, or None on the ``merge_call`` path (nothing to depend on in the replica context).
     """
-    if tf.__internal__.distribute.strategy_supports_no_merge_call():
+    if strategy_supports_no_merge_call():
         return apply_or_skip(
             finite,
             lambda: inner_apply(grads, variables),

@@ -14,15 +14,14 @@ from __future__ import annotations
 
 from typing import Any
 
-import tensorflow as tf
-
+from tf_amp._upstream.tensorflow import AutoTrackable
 from tf_amp.loss_scale import LossScaleState
 
 STATE_CHILD = "loss_scale"
 """Checkpoint name of the loss-scale state under the optimizer's own node."""
 
 
-class StateTrackable(tf.__internal__.tracking.AutoTrackable):
+class StateTrackable(AutoTrackable):
     """The loss-scale variables as one checkpoint object, each under its field's name."""
 
     def __init__(self, variables: list[Any]) -> None:
