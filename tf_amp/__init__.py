@@ -89,11 +89,31 @@ def _install_default_log_handler() -> None:
 _install_default_log_handler()
 
 
+def _check_releases_if_loaded() -> None:
+    """Checks the TensorFlow / Keras releases against the supported range when TensorFlow is
+    already loaded (then it costs nothing); otherwise the check runs when tf_amp first touches
+    TensorFlow (every such module goes through ``tf_amp._upstream``). Raises
+    ``tf_amp._upstream.versions.UnsupportedVersionError``, naming the range."""
+    tf = sys.modules.get("tensorflow")
+    version = getattr(tf, "__version__", None)  # None while TensorFlow is still importing
+    if version is None:
+        return
+    from tf_amp._upstream import versions
+
+    keras = sys.modules.get("keras")
+    versions.enforce(version, getattr(keras, "__version__", None))
+
+
+_check_releases_if_loaded()
+
+
 def __getattr__(name: str) -> Any:
     module_name = _LAZY_EXPORTS.get(name)
     if module_name is None:
         raise AttributeError(f"module 'tf_amp' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module_name), name)
+    module = importlib.import_module(module_name)
+    _check_releases_if_loaded()  # the module may have loaded TensorFlow just now
+    value = getattr(module, name)
     globals()[name] = value  # cache: later lookups skip __getattr__
     return value
 

@@ -22,17 +22,20 @@ Typical use::
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 from tf_amp.config import process_target
-from tf_amp.optimizers import LossScaleOptimizer, _common, is_keras_optimizer
+from tf_amp.optimizers import LossScaleOptimizer
+from tf_amp.runtime import _state, rewrite_switch
+from tf_amp.runtime.rewrite_switch import mark_for_rewrite
 
-_LOCK = threading.Lock()
-_ENABLED = False
-# Whether enable_... installed the Keras compile hook (and so disable_... may remove it; the
-# environment activation manages its own patch).
-_INSTALLED_COMPILE_HOOK = False
+__all__ = [
+    "disable_mixed_precision_graph_rewrite",
+    "enable_mixed_precision_graph_rewrite",
+    "is_rewrite_enabled",
+    "mark_for_rewrite",
+    "optimizer_wants_rewrite",
+]
 
 
 def enable_mixed_precision_graph_rewrite(
@@ -70,48 +73,24 @@ def enable_mixed_precision_graph_rewrite(
     return mark_for_rewrite(wrapped)
 
 
-def mark_for_rewrite(wrapped: Any) -> Any:
-    """Marks a tf_amp wrapper as wanting the rewrite and turns the rewrite on (what ``enable_``
-    does after wrapping; also run when a saved, marked Keras wrapper is loaded, so a resumed
-    run keeps both the rewrite and its restored loss scale)."""
-    global _ENABLED, _INSTALLED_COMPILE_HOOK
-    setattr(wrapped, _common.GRAPH_REWRITE_ATTR, True)
-    with _LOCK:
-        _ENABLED = True
-        if is_keras_optimizer(wrapped) and not _INSTALLED_COMPILE_HOOK:
-            # model.compile(optimizer=wrapped) must hook fit/evaluate/predict to the rewrite.
-            from tf_amp.runtime import keras_fit
-
-            keras_fit.install_compile_hook()
-            _INSTALLED_COMPILE_HOOK = True
-    return wrapped
-
-
-
 def disable_mixed_precision_graph_rewrite() -> None:
     """Turns the process-wide rewrite flag off; optimizers already wrapped keep loss scaling.
 
     Also removes the ``keras.Model.compile`` hook that ``enable_...`` installed, so models
     compiled afterwards stay float32 (models already compiled keep theirs until recompiled).
+    While the environment activation is on, its own hold on ``compile`` keeps the hook.
 
     Wrapped optimizers also lose their ``_tf_amp_graph_rewrite`` mark only if re-created, as in
     TF1: disabling affects graphs built afterwards.
     """
-    global _ENABLED, _INSTALLED_COMPILE_HOOK
-    with _LOCK:
-        _ENABLED = False
-        if _INSTALLED_COMPILE_HOOK:
-            from tf_amp.runtime import keras_fit
-
-            keras_fit.uninstall_compile_hook()
-            _INSTALLED_COMPILE_HOOK = False
+    rewrite_switch.turn_off()
 
 
 def is_rewrite_enabled() -> bool:
     """True between ``enable_mixed_precision_graph_rewrite`` and ``disable_...``."""
-    return _ENABLED
+    return _state.rewrite_enabled()
 
 
 def optimizer_wants_rewrite(opt: Any) -> bool:
     """True for an optimizer returned by ``enable_mixed_precision_graph_rewrite``."""
-    return bool(getattr(opt, _common.GRAPH_REWRITE_ATTR, False))
+    return _state.optimizer_wants_rewrite(opt)

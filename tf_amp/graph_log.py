@@ -46,7 +46,8 @@ def strip_colocation(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef:
 def write_event_graph(run_dir: str, graph_def: graph_pb2.GraphDef) -> str:
     """Write ``graph_def`` as the graph of a TensorBoard run; returns the event file path."""
     from tensorflow.core.util import event_pb2
-    from tensorflow.python.client import _pywrap_events_writer
+
+    from tf_amp._upstream.tensorflow import _pywrap_events_writer
 
     os.makedirs(run_dir, exist_ok=True)
     writer = _pywrap_events_writer.EventsWriter(os.path.join(run_dir, "events").encode())

@@ -71,7 +71,7 @@ def onednn_enabled() -> bool:
     """Whether TensorFlow's oneDNN CPU kernels are on (its default on x86 Linux builds)."""
     if os.environ.get("TF_ENABLE_ONEDNN_OPTS", "").strip().lower() in ("0", "false", "off"):
         return False
-    from tensorflow.python.util import _pywrap_util_port
+    from tf_amp._upstream.tensorflow import _pywrap_util_port
 
     return bool(_pywrap_util_port.IsMklEnabled())
 

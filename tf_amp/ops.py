@@ -33,9 +33,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import tensorflow as tf
-from tensorflow.python.ops import control_flow_util
 
 from tf_amp._flags import parse_flag
+from tf_amp._upstream.tensorflow import control_flow_util
 
 _LOG = logging.getLogger("tf_amp")
 _LIBRARY_BASENAME = "_tf_amp_ops.so"

@@ -51,7 +51,7 @@ def fold_consts_in_place(view: BodyView, painting: Painting, target: int) -> set
 def _half_numpy_dtype(target: int) -> Any:
     if target == DT_HALF:
         return np.float16
-    from tensorflow.python.framework import dtypes
+    from tf_amp._upstream.tensorflow import dtypes
 
     return dtypes.bfloat16.as_numpy_dtype
 

@@ -83,7 +83,7 @@ def _check_saved_model_target(source: str, target: str) -> None:
 
 def _write_fingerprint(export_dir: str) -> None:
     """Writes the fingerprint of the rewritten SavedModel, as tf.saved_model.save does."""
-    from tensorflow.python.saved_model.pywrap_saved_model import fingerprinting
+    from tf_amp._upstream.tensorflow import fingerprinting
 
     serialized = fingerprinting.CreateFingerprintDef(export_dir)
     with open(os.path.join(export_dir, _FINGERPRINT), "wb") as f:

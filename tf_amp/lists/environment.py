@@ -48,7 +48,8 @@ def registered_op_names() -> frozenset[str]:
     """All op names in TensorFlow's registry (cached: the registry only grows by loading
     libraries, and a stale cache can only produce a spurious warning)."""
     from tensorflow.core.framework import op_def_pb2
-    from tensorflow.python.client import pywrap_tf_session as c_api
+
+    from tf_amp._upstream.tensorflow import pywrap_tf_session as c_api
 
     buf = c_api.TF_GetAllOpList()
     try:

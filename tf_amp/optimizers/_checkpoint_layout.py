@@ -14,15 +14,14 @@ from __future__ import annotations
 
 from typing import Any
 
-import tensorflow as tf
-
+from tf_amp._upstream.tensorflow import AutoTrackable
 from tf_amp.loss_scale import LossScaleState
 
 STATE_CHILD = "loss_scale"
 """Checkpoint name of the loss-scale state under the optimizer's own node."""
 
 
-class StateTrackable(tf.__internal__.tracking.AutoTrackable):
+class StateTrackable(AutoTrackable):
     """The loss-scale variables as one checkpoint object, each under its field's name."""
 
     def __init__(self, variables: list[Any]) -> None:
@@ -37,3 +36,23 @@ def children(wrapper: Any, save_type: str, **kwargs: Any) -> dict[str, Any]:
     found[STATE_CHILD] = wrapper._state_checkpoint  # noqa: SLF001
     return found
 
+
+class InnerCheckpointLayout:
+    """Mixin of the Keras wrapper: ``tf.train.Checkpoint`` and SavedModel see the inner
+    optimizer's layout plus the ``loss_scale`` child (see the module docstring)."""
+
+    def _trackable_children(self, save_type: str = "checkpoint", **kwargs: Any) -> dict:
+        return children(self, save_type, **kwargs)
+
+    def _lookup_dependency(self, name: str, cached_dependencies: Any = None) -> Any:
+        if cached_dependencies is None:  # the wrapper tracking its own attributes
+            return super()._lookup_dependency(name)
+        return cached_dependencies.get(name)  # a restore, given the children above
+
+    @property
+    def _deferred_dependencies(self) -> dict:
+        # Entries restored before the inner optimizer created them wait on the inner one,
+        # which is the object that creates them (Keras's base __init__ asks before it exists).
+        inner = self.__dict__.get("inner_optimizer")
+        owner = super() if inner is None else inner
+        return owner._deferred_dependencies  # noqa: SLF001

@@ -8,6 +8,7 @@ marks here remember, with weak references only, what each step unscaled, so ``ap
 from __future__ import annotations
 
 import threading
+import warnings
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -188,3 +189,26 @@ class UnscaledMarks:
                     self._scaled.pop(key, None)  # a trace does not consume an eager scale
                 return True
         return False
+
+
+def warn_unscaled_never_scaled() -> None:
+    """tf.keras 2.x's warning, kept a warning (not an error) on purpose.
+
+    ``apply`` treats gradients as gradients of ``scale_loss(loss)``, Keras 3's contract, and
+    divides them by the scale. Gradients of a loss that never went through ``scale_loss``
+    nor ``get_unscaled_gradients`` in this step are most likely the TF2 guide's recipe with a
+    call forgotten, and would be divided by 32768. But the loss may also have been scaled where
+    the wrapper cannot see it (``loss * opt.loss_scale``, or in another ``tf.function`` than
+    the one applying, which Keras 3's own tests do), and there the division is right: an error
+    would break correct programs the wrapper cannot tell apart, a warning costs a log line.
+    """
+    warnings.warn(
+        "LossScaleOptimizer.apply()/apply_gradients() got gradients of a loss that was not "
+        "scaled with scale_loss()/get_scaled_loss() in this step, and not unscaled with "
+        "get_unscaled_gradients(); they are divided by the loss scale as if the loss had been "
+        "scaled. If they are true gradients, scale the loss: "
+        "`with tape: loss = opt.scale_loss(loss)` then `opt.apply(tape.gradient(loss, vars), "
+        "vars)` (or get_scaled_loss() + get_unscaled_gradients(), the tf.keras 2.x recipe).",
+        UserWarning,
+        stacklevel=3,
+    )

@@ -22,7 +22,7 @@ import tensorflow as tf
 from tf_amp import loss_scale as loss_scale_lib
 from tf_amp.loss_scale import LossScale, LossScaleState
 from tf_amp.ops import unscale_and_check_finite
-from tf_amp.optimizers import _common
+from tf_amp.optimizers import _apply_or_skip, _common, _summaries
 
 _V1Optimizer = tf.compat.v1.train.Optimizer
 
@@ -226,7 +226,7 @@ class V1LossScaleOptimizer(_V1Optimizer):
         grads_and_vars = tuple(grads_and_vars)
         self._ensure_state()
         finite = self._finite_flag([g for g, _ in grads_and_vars])
-        finite = _common.all_replicas_finite(finite)
+        finite = _apply_or_skip.all_replicas_finite(finite)
         return tf.distribute.get_replica_context().merge_call(
             self._cross_replica_apply, args=(finite, grads_and_vars, global_step, name)
         )
@@ -257,7 +257,7 @@ class V1LossScaleOptimizer(_V1Optimizer):
             )
             return distribution.group(per_replica) if per_replica is not None else None
 
-        applied = _common.apply_or_skip(
+        applied = _apply_or_skip.apply_or_skip(
             finite,
             apply_fn,
             self._policy,
@@ -268,7 +268,7 @@ class V1LossScaleOptimizer(_V1Optimizer):
         step = global_step if global_step is not None else tf.summary.experimental.get_step()
         if step is not None:
             with tf.control_dependencies([applied]):
-                _common.write_summaries(self._state_vars[0], self._state_vars[2], step)
+                _summaries.write_summaries(self._state_vars[0], self._state_vars[2], step)
         if tf.executing_eagerly():
             return None
         return tf.group(applied, name=name or "apply_loss_scaled_gradients")

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tensorflow.python.framework import kernels
-
+from tf_amp._upstream.tensorflow import kernels
 from tf_amp.config import RewriteConfig
 from tf_amp.type_attrs import BodyView, device_type
 

@@ -1,12 +1,12 @@
 """GraphDef plumbing shared by the runtime adapters: inline, rewrite, rename library functions.
 
-Why these steps (DESIGN.md section 4): a traced ``tf.function`` keeps its callees in a function
-library; the rewriter can only paint across a call boundary once the callee's body is in the main
-graph, so Grappler's function optimizer inlines them first (it also lowers If/While to
-Switch/Merge). Functions that stay in the library (``jit_compile`` callees are never inlined) are
-rewritten too, and every library function gets a new unique name, because TensorFlow refuses to
-register a changed function under a name it already knows ("duplicate function ... definitions
-differ").
+Why these steps (see also the runtime section of docs/ARCHITECTURE.md): a traced ``tf.function``
+keeps its callees in a function library; the rewriter can only paint across a call boundary once
+the callee's body is in the main graph, so Grappler's function optimizer inlines them first (it
+also lowers If/While to Switch/Merge). Functions that stay in the library (``jit_compile``
+callees are never inlined) are rewritten too, and every library function gets a new unique name,
+because TensorFlow refuses to register a changed function under a name it already knows
+("duplicate function ... definitions differ").
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from typing import Any
 
 from tensorflow.core.framework import attr_value_pb2, graph_pb2
 from tensorflow.core.protobuf import config_pb2, meta_graph_pb2, rewriter_config_pb2
-from tensorflow.python.grappler import tf_optimizer
+
+from tf_amp._upstream.tensorflow import tf_optimizer
 
 _LOG = logging.getLogger("tf_amp")
 _UID = itertools.count()

@@ -8,14 +8,14 @@ Typical use (a drop-in for ``tf.compat.v1.Session``)::
             _, loss_value = sess.run([train_op, loss], {images: x, labels: y})
         saver.save(sess, "ckpt/model")
 
-How (DESIGN.md section 4): the user's graph is rewritten with ``preserve_names=True`` and
-imported into a private graph that a private session runs. Every original node name still
-exists there and still yields its original dtype (an op that became half moved to a new name
-and a Cast back to float took its name), so fetches and feeds are mapped by name, fetched values
-keep their dtypes, and ``Saver`` (which runs ops by name) works against ``sess.graph``, which stays
-the user's graph. Variables keep their names and dtypes, so checkpoints are interchangeable with
-float32 training. Ops the user adds later are rewritten and imported incrementally on the next
-``run``, with the already imported nodes held fixed.
+How (the runtime section of docs/ARCHITECTURE.md): the user's graph is rewritten with
+``preserve_names=True`` and imported into a private graph that a private session runs. Every
+original node name still exists there and still yields its original dtype (an op that became
+half moved to a new name and a Cast back to float took its name), so fetches and feeds are
+mapped by name, fetched values keep their dtypes, and ``Saver`` (which runs ops by name) works
+against ``sess.graph``, which stays the user's graph. Variables keep their names and dtypes, so
+checkpoints are interchangeable with float32 training. Ops the user adds later are rewritten and
+imported incrementally on the next ``run``, with the already imported nodes held fixed.
 
 Feeding an intermediate tensor: when its op went half, the half consumers read the op's new name,
 not the fed (float) name, so the session also feeds the half twin (the value cast to half, as the
@@ -33,15 +33,14 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 from tensorflow.core.protobuf import config_pb2
-from tensorflow.python.client import session as session_lib
-from tensorflow.python.framework import importer
 
+from tf_amp._upstream import tensorflow as upstream_tf
 from tf_amp.runtime import _graphdef
 
 _LOG = logging.getLogger("tf_amp")
 
 
-class Session(session_lib.Session):
+class Session(upstream_tf.Session):
     """Runs the name-preserving mixed-precision rewrite of ``graph``; otherwise a TF1 Session.
 
     ``rewrite_config`` is a ``tf_amp.RewriteConfig`` (default: from the environment);
@@ -58,7 +57,7 @@ class Session(session_lib.Session):
     ) -> None:
         super().__init__(target, graph, config)  # self._graph: the user's graph (sess.graph)
         self._amp_graph = tf.Graph()
-        self._amp_inner = session_lib.Session(target, graph=self._amp_graph, config=config)
+        self._amp_inner = upstream_tf.Session(target, graph=self._amp_graph, config=config)
         self._amp_imported: set[str] = set()  # user node names already in the private graph
         self._amp_renamed: dict[str, str] = {}  # user node name -> its half twin's name
         self._amp_synced_version = -1
@@ -104,7 +103,7 @@ class Session(session_lib.Session):
         subset = _graphdef.rename_library_functions(subset) if frozen else subset
         input_map, controls = self._external_inputs(subset, existing)
         with self._amp_graph.as_default():
-            importer.import_graph_def(subset, input_map=input_map, name="")
+            tf.graph_util.import_graph_def(subset, input_map=input_map, name="")
         get_op = self._amp_graph.get_operation_by_name
         for node_name, op_name in controls:
             get_op(node_name)._add_control_input(get_op(op_name))  # noqa: SLF001
@@ -250,7 +249,7 @@ class Session(session_lib.Session):
         super().close()
 
 
-class InteractiveSession(Session, session_lib.InteractiveSession):
+class InteractiveSession(Session, upstream_tf.InteractiveSession):
     """``tf.compat.v1.InteractiveSession`` running the rewritten graph.
 
     It installs itself as the default session on construction (TensorFlow's

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from tensorflow.core.framework import types_pb2
-from tensorflow.python.framework import op_def_registry
+
+from tf_amp._upstream.tensorflow import op_def_registry
 
 DT_FLOAT = types_pb2.DT_FLOAT
 DT_HALF = types_pb2.DT_HALF

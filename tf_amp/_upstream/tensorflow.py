@@ -1,0 +1,194 @@
+"""Every private TensorFlow symbol tf_amp uses (``tensorflow.python.*``), and why.
+
+Importing this module checks the TensorFlow (and, when known, Keras) release against
+:mod:`tf_amp._upstream.versions` first. All the modules below are already loaded by
+``import tensorflow``, so importing them here costs nothing.
+
+The symbols, by who needs them:
+
+Running rewritten graphs (``tf_amp.runtime``)
+  * ``polymorphic_function`` -- TensorFlow's own ``tf.function`` implementation: the runtime
+    traces through it rather than through the public name, which the environment activation
+    points at tf_amp; ``polymorphic_function.Function`` is the class of ``tf.function``
+    objects, which :class:`tf_amp.runtime.function.AmpTfFunction` extends.
+  * ``concrete_function.ConcreteFunction.from_func_graph`` -- wraps the rebuilt ``FuncGraph``
+    as a callable concrete function with the original's calling convention; no public API
+    builds a concrete function from a graph.
+  * ``func_graph.FuncGraph`` -- the graph the rewritten GraphDef is imported into, whose
+    ``capture`` binds placeholders to the original variables (no public constructor).
+  * ``function_type_utils.canonicalize_function_inputs`` -- binds call arguments exactly as
+    ``tf.function`` does (defaults, numpy to tensors) before the rebuilt function is called.
+  * ``context.context().add_function_def`` -- registers the renamed library functions with the
+    eager runtime, which resolves function calls by name.
+  * ``handle_data_util.copy_handle_data`` -- resource and variant placeholders carry the
+    variable's dtype and shape as handle data; without it shape inference loses them.
+  * ``tf_optimizer.OptimizeGraph`` -- Grappler's function inliner, run alone before the rewrite
+    (``tf.config.optimizer`` can only configure the passes of a running session).
+  * ``session.Session`` / ``InteractiveSession`` -- the base classes of ``tf_amp.Session``: the
+    public ``tf.compat.v1.Session`` is the name the activation replaces with tf_amp's.
+  * ``session_manager`` -- the module whose reference to ``session`` the activation swaps, so
+    ``MonitoredSession`` and ``Supervisor`` create tf_amp sessions.
+
+Loss scaling for unmodified scripts (``tf_amp.runtime.auto_loss_scale*``)
+  * ``record.could_possibly_record`` -- whether a ``GradientTape.gradient`` call is itself being
+    recorded (its result may be differentiated again, and the fused unscale op has no gradient).
+  * ``variables._all_saveable_objects`` -- what a ``Saver`` built without ``var_list`` saves,
+    to build its twin without the loss-scale state.
+  * ``AUTOGRAPH_MODULE`` -- AutoGraph's frames, skipped when asking who called a patched method.
+
+Optimizer wrappers (``tf_amp.optimizers``)
+  * ``summary_ops_v2.has_default_writer`` -- ``tf.summary`` has no public test for a default
+    writer, and without one the loss-scale summaries add no op at all.
+  * ``tf.__internal__.tracking.AutoTrackable`` -- the base of the checkpoint node that holds the
+    loss-scale variables by field name (the public ``tf.Module`` may well write the same
+    layout; not switched, so existing checkpoints keep their exact layout).
+  * ``tf.__internal__.distribute.strategy_supports_no_merge_call`` -- whether the strategy can
+    run the apply-or-skip ``tf.cond`` in the replica context, or needs ``merge_call`` (as
+    Keras's own loss-scale optimizer asks).
+  (``tf.__internal__`` is TensorFlow's API for Keras: reachable from the public module, but not
+  covered by its compatibility promise, hence listed here.)
+
+The rewrite core (``tf_amp.type_attrs``, ``painter``, ``probe``, ...)
+  * ``op_def_registry`` -- OpDefs by name, to know which inputs and outputs share a type attr.
+  * ``kernels.get_registered_kernels_for_op`` -- whether a half kernel exists on the device.
+  * ``pywrap_tf_session`` (``TF_GetAllOpList``) -- every registered op, to validate op lists.
+  * ``tensor_util.constant_value`` -- static values of small tensors (the probe).
+  * ``control_flow_util.GraphOrParentsInXlaContext`` -- whether code is being compiled by XLA,
+    which compiles no print or assert ops.
+  * ``dtypes`` -- bfloat16's numpy type (``ml_dtypes``), for constants cast in the planner.
+  * ``_pywrap_events_writer`` -- writes the graph event files TensorBoard's graph tab reads.
+  * ``_pywrap_util_port.IsMklEnabled`` -- whether oneDNN (which has the fast bfloat16 kernels)
+    is built in.
+  * ``pywrap_saved_model.fingerprinting`` -- a rewritten SavedModel's fingerprint file.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import tensorflow as tf
+
+from tf_amp._upstream import versions
+
+
+def _keras_version() -> str | None:
+    """Keras's version when Keras is loaded (TensorFlow loads it lazily), else None."""
+    keras = sys.modules.get("keras")
+    return getattr(keras, "__version__", None) if keras is not None else None
+
+
+versions.enforce(tf.__version__, _keras_version())
+
+# Imported after the check (E402 on purpose): on an unsupported release they may be missing.
+# ruff: noqa: E402
+from tensorflow.python.client import (
+    _pywrap_events_writer,
+    pywrap_tf_session,
+)
+from tensorflow.python.client import session as session_lib
+from tensorflow.python.eager import context, record
+from tensorflow.python.eager.polymorphic_function import (
+    concrete_function,
+    function_type_utils,
+)
+from tensorflow.python.eager.polymorphic_function import (
+    polymorphic_function as _polymorphic_function,
+)
+from tensorflow.python.framework import (
+    dtypes,
+    func_graph,
+    kernels,
+    op_def_registry,
+    tensor_util,
+)
+from tensorflow.python.grappler import tf_optimizer
+from tensorflow.python.ops import (
+    control_flow_util,
+    handle_data_util,
+    summary_ops_v2,
+)
+from tensorflow.python.ops import variables as _variables
+from tensorflow.python.saved_model.pywrap_saved_model import fingerprinting
+from tensorflow.python.training import session_manager
+from tensorflow.python.util import _pywrap_util_port
+
+AUTOGRAPH_MODULE = "tensorflow.python.autograph"
+"""Module prefix of AutoGraph, whose ``converted_call`` sits between a converted user function
+and the calls it makes."""
+
+tf_function = _polymorphic_function.function
+"""TensorFlow's ``tf.function`` itself, whatever the public name currently points at."""
+
+TfFunction = _polymorphic_function.Function
+"""The class of ``tf.function`` objects."""
+
+ConcreteFunction = concrete_function.ConcreteFunction
+FuncGraph = func_graph.FuncGraph
+Session = session_lib.Session
+InteractiveSession = session_lib.InteractiveSession
+canonicalize_function_inputs = function_type_utils.canonicalize_function_inputs
+could_possibly_record = record.could_possibly_record
+copy_handle_data = handle_data_util.copy_handle_data
+has_default_summary_writer = summary_ops_v2.has_default_writer
+AutoTrackable = tf.__internal__.tracking.AutoTrackable
+strategy_supports_no_merge_call = tf.__internal__.distribute.strategy_supports_no_merge_call
+
+
+def add_function_def(function_def: Any) -> None:
+    """Registers a FunctionDef with the eager runtime, which resolves calls by name."""
+    context.context().add_function_def(function_def)
+
+
+def all_saveable_objects() -> list[Any]:
+    """What a ``tf.compat.v1.train.Saver`` without ``var_list`` saves."""
+    return _variables._all_saveable_objects()  # noqa: SLF001
+
+
+def retype_tf_function(function: Any, cls: type) -> Any:
+    """Makes an existing ``tf.function`` object an instance of ``cls`` (a subclass of
+    :data:`TfFunction` that adds no state), in place.
+
+    Why in place rather than constructing ``cls`` directly: ``tf.function(...)`` does more
+    than call the class (decorator argument handling, deprecated aliases, ``functools`` wrapping
+    via ``tf_decorator``), and the object it returns is what user code then holds; re-creating
+    that would copy TensorFlow's argument handling. A subclass without new slots or fields
+    shares the instance layout, so changing ``__class__`` keeps every piece of state.
+    """
+    if not isinstance(function, TfFunction):
+        raise TypeError(f"expected a tf.function object, got {type(function).__name__}")
+    if not issubclass(cls, TfFunction):
+        raise TypeError(f"{cls.__name__} must subclass {TfFunction.__name__}")
+    function.__class__ = cls
+    return function
+
+
+__all__ = [
+    "AUTOGRAPH_MODULE",
+    "AutoTrackable",
+    "ConcreteFunction",
+    "FuncGraph",
+    "InteractiveSession",
+    "Session",
+    "TfFunction",
+    "_pywrap_events_writer",
+    "_pywrap_util_port",
+    "add_function_def",
+    "all_saveable_objects",
+    "canonicalize_function_inputs",
+    "control_flow_util",
+    "copy_handle_data",
+    "could_possibly_record",
+    "dtypes",
+    "fingerprinting",
+    "has_default_summary_writer",
+    "kernels",
+    "op_def_registry",
+    "pywrap_tf_session",
+    "retype_tf_function",
+    "session_manager",
+    "strategy_supports_no_merge_call",
+    "tensor_util",
+    "tf_function",
+    "tf_optimizer",
+]

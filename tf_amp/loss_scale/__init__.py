@@ -1,0 +1,67 @@
+"""Loss-scale policies: a pure state machine, separate from any optimizer plumbing.
+
+Why a separate module: the arithmetic that decides the next loss scale is small but easy to get
+subtly wrong (growth to ``inf``, a floor that is never reached, a counter that is not reset).
+Keeping it a pure function of ``(state, grads_finite) -> state`` lets us check it exhaustively
+against a reference model (``tests/test_loss_scale.py``) without building a model, and lets the
+Keras and ``tf.compat.v1`` wrappers share one implementation. The wrappers own the variables; a
+policy owns no state at all.
+
+Typical use (what the optimizer wrappers do every step)::
+
+    policy = DynamicLossScale()
+    state = policy.initial_state()
+    grads, finite = unscale_and_check_finite(tape.gradient(loss * state.scale, vs), state.scale)
+    state = policy.adjust(state, finite)   # works eagerly and inside tf.function / tf.cond
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tf_amp.loss_scale._base import LossScale, LossScaleState
+from tf_amp.loss_scale.dynamic import DynamicLossScale
+from tf_amp.loss_scale.static import StaticLossScale
+
+__all__ = [
+    "DynamicLossScale",
+    "LossScale",
+    "LossScaleState",
+    "StaticLossScale",
+    "deserialize",
+    "get",
+    "serialize",
+]
+
+
+def get(loss_scale: Any) -> LossScale:
+    """Turns the ``loss_scale`` argument users pass into a policy, or says what to pass.
+
+    Accepts ``"dynamic"``, a positive number (static scale), or a ``LossScale`` instance.
+    """
+    if isinstance(loss_scale, LossScale):
+        return loss_scale
+    if isinstance(loss_scale, str):
+        if loss_scale.lower() == "dynamic":
+            return DynamicLossScale()
+        raise ValueError(
+            f'loss_scale={loss_scale!r} is not understood; pass "dynamic", a positive number '
+            "for a static scale, or a tf_amp.DynamicLossScale / StaticLossScale instance"
+        )
+    if isinstance(loss_scale, bool) or not isinstance(loss_scale, (int, float)):
+        raise TypeError(
+            f'loss_scale must be "dynamic", a positive number or a tf_amp.LossScale, got '
+            f"{type(loss_scale).__name__}"
+        )
+    return StaticLossScale(loss_scale)
+
+
+def serialize(policy: LossScale) -> dict[str, Any]:
+    return {"class_name": type(policy).__name__, "config": policy.get_config()}
+
+
+def deserialize(config: dict[str, Any]) -> LossScale:
+    classes = {"StaticLossScale": StaticLossScale, "DynamicLossScale": DynamicLossScale}
+    if config.get("class_name") not in classes:
+        raise ValueError(f"unknown loss scale class in config: {config.get('class_name')!r}")
+    return classes[config["class_name"]].from_config(dict(config["config"]))

@@ -1,0 +1,74 @@
+"""Loss scaling for unmodified Keras ``fit`` scripts (environment activation only).
+
+``Model.compile`` wraps the script's optimizer in a dynamic ``tf_amp.LossScaleOptimizer``
+(:func:`wrap_on_compile`, which the activation hands to the Keras adapter's compile patch);
+Keras's ``fit`` then scales the loss through it. Saved files stay those of a float32 run: the
+wrapper is marked ``saves_as_inner``, and the legacy ``.h5`` writer is patched
+(:func:`h5_save_patch`) to store the script's own optimizer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+
+from tf_amp.optimizers import LossScaleOptimizer, _common
+from tf_amp.runtime import settings
+from tf_amp.runtime.auto_loss_scale import STATE_NAME
+
+
+def wrap_on_compile(model: Any, optimizer: Any) -> Any:
+    """Under env loss scaling, a plain Keras optimizer gets a dynamic LossScaleOptimizer.
+
+    Not for a model with its own ``train_step``: an unmodified float32 ``train_step`` never
+    calls ``optimizer.scale_loss``, so a wrapper would divide true gradients by the scale.
+    Such steps are loss-scaled by the ``GradientTape.gradient`` / ``apply`` patches instead
+    (:mod:`tf_amp.runtime.auto_loss_scale`), which scale and unscale around the user's own
+    ``tape.gradient`` call.
+    """
+    if not settings.loss_scaling_enabled_globally() or _has_own_train_step(model):
+        return optimizer
+    resolved = keras.optimizers.get(optimizer)
+    if isinstance(resolved, keras.optimizers.LossScaleOptimizer):
+        return resolved  # Keras's wrapper, or tf_amp's (a subclass of it): scaled already
+    existing = _common.wrapper_of(resolved)
+    if getattr(existing, "saves_as_inner", False):
+        return existing  # a recompile with the same optimizer keeps its scale
+    wrapper = LossScaleOptimizer(resolved, loss_scale="dynamic")
+    wrapper.saves_as_inner = True  # .keras files keep the script's optimizer (see compile)
+    # The script holds the optimizer it passed, not the wrapper: tracking the wrapper on it makes
+    # tf.train.Checkpoint(optimizer=opt) save and restore the scale too (Checkpoint(model=...)
+    # already does, through model.optimizer). TensorFlow tracking only: Keras files unchanged.
+    # Only the state: the wrapper's own checkpoint children are the optimizer's.
+    resolved._track_trackable(wrapper._state_checkpoint, STATE_NAME, overwrite=True)  # noqa: SLF001
+    return wrapper
+
+
+def _has_own_train_step(model: Any) -> bool:
+    module = getattr(type(model).train_step, "__module__", "") or ""
+    return module.split(".")[0] not in ("keras", "tf_keras")
+
+
+def h5_save_patch(original: Any) -> Any:
+    """Keras's legacy ``.h5`` writer that stores the script's own optimizer.
+
+    The ``.h5`` format stores the optimizer's class, config and ``variables``; for the wrapper
+    the environment put around a script's optimizer that would be ``tf_amp>...``, which plain
+    Keras cannot load. During the save the model holds the inner optimizer instead, so the
+    file is the one a float32 run writes (the loss-scale state is not in it: loaded under the
+    environment, the scale starts afresh, as after a float32 checkpoint).
+    """
+
+    def save_model_to_hdf5(model: Any, *args: Any, **kwargs: Any) -> Any:
+        optimizer = getattr(model, "optimizer", None)
+        if not getattr(optimizer, "saves_as_inner", False):
+            return original(model, *args, **kwargs)
+        object.__setattr__(model, "optimizer", optimizer.inner_optimizer)  # no re-tracking
+        try:
+            return original(model, *args, **kwargs)
+        finally:
+            object.__setattr__(model, "optimizer", optimizer)
+
+    save_model_to_hdf5.__wrapped__ = original  # type: ignore[attr-defined]
+    return save_model_to_hdf5

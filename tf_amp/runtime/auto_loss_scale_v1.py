@@ -1,0 +1,175 @@
+"""Loss scaling for unmodified TF1 scripts (environment activation only).
+
+``optimizer.minimize(loss)``, or ``compute_gradients`` then ``apply_gradients`` (with clipping
+or anything else in between), called by user code on a ``tf.compat.v1.train.Optimizer``, are
+routed through a ``tf_amp.LossScaleOptimizer`` of the same optimizer, created once per
+optimizer and cached on it, so the three share one loss scale. Its state variables are global
+variables: ``Saver`` saves them, and the ``Saver`` patches below let a checkpoint written
+without tf_amp (float32 training) restore into such a graph, the scale starting afresh.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import tensorflow as tf
+
+from tf_amp._upstream import tensorflow as upstream_tf
+from tf_amp.runtime.auto_loss_scale import STATE_NAME, is_tf_amp_wrapper, v1_wrapper_of
+
+_LOG = logging.getLogger("tf_amp")
+_LOCAL = threading.local()  # .depth: how many wrapper calls this thread is inside
+
+
+def _v1_wrapper(optimizer: Any) -> Any:
+    """The cached ``tf_amp.LossScaleOptimizer`` of a v1 optimizer (created on first need).
+
+    One wrapper per optimizer, so ``minimize``, ``compute_gradients`` and ``apply_gradients``
+    share one loss scale, and its state variables (global variables) are saved by ``Saver``.
+    """
+    wrapper = optimizer.__dict__.get("_tf_amp_auto_wrapper")
+    if wrapper is None:
+        from tf_amp.optimizers import LossScaleOptimizer
+
+        wrapper = LossScaleOptimizer(optimizer, loss_scale="dynamic")
+        wrapper.implicit = True
+        optimizer.__dict__["_tf_amp_auto_wrapper"] = wrapper
+        # tf.train.Checkpoint(optimizer=opt) saves the scale too (the wrapper tracks its state
+        # variables; Saver already saves them as global variables). Restoring before the first
+        # step restores them when this attaches, ahead of the first scaled loss.
+        with tf.init_scope():
+            optimizer._track_trackable(wrapper, STATE_NAME, overwrite=True)  # noqa: SLF001
+    return wrapper
+
+
+@contextlib.contextmanager
+def _inside_wrapper() -> Iterator[None]:
+    """Marks this thread as running a wrapper call: its calls back into the (patched) inner
+    optimizer must reach the original methods, even from a user subclass's override."""
+    local = _LOCAL
+    local.depth = getattr(local, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        local.depth -= 1
+
+
+def _passes_through(optimizer: Any) -> bool:
+    return (
+        is_tf_amp_wrapper(optimizer)
+        or getattr(_LOCAL, "depth", 0) > 0
+    )
+
+
+def v1_minimize_patch(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``tf.compat.v1.train.Optimizer.minimize`` through a cached loss-scale wrapper."""
+
+    def minimize(self: Any, loss: Any, *args: Any, **kwargs: Any) -> Any:
+        if _passes_through(self):
+            return original(self, loss, *args, **kwargs)
+        with _inside_wrapper():
+            return _v1_wrapper(self).minimize(loss, *args, **kwargs)
+
+    minimize.__wrapped__ = original  # type: ignore[attr-defined]
+    return minimize
+
+
+def v1_compute_gradients_patch(
+    original: Callable[..., Any], is_user_caller: Callable[[], bool]
+) -> Callable[..., Any]:
+    """``Optimizer.compute_gradients`` called by user code: gradients of the scaled loss,
+    unscaled (the wrapper's ``compute_gradients``), so a script that clips or inspects them
+    between ``compute_gradients`` and ``apply_gradients`` sees true gradients."""
+
+    def compute_gradients(self: Any, loss: Any, *args: Any, **kwargs: Any) -> Any:
+        if _passes_through(self) or not is_user_caller():
+            return original(self, loss, *args, **kwargs)
+        with _inside_wrapper():
+            return _v1_wrapper(self).compute_gradients(loss, *args, **kwargs)
+
+    compute_gradients.__wrapped__ = original  # type: ignore[attr-defined]
+    return compute_gradients
+
+
+def v1_apply_gradients_patch(
+    original: Callable[..., Any], is_user_caller: Callable[[], bool]
+) -> Callable[..., Any]:
+    """``Optimizer.apply_gradients`` called by user code on an optimizer that has a loss-scale
+    wrapper (it scaled a loss in ``compute_gradients`` or ``minimize``): the wrapper applies
+    under its finite check, so a non-finite step changes no variable, slot or ``global_step``,
+    and moves the scale. Optimizers that never scaled a loss apply as before."""
+
+    def apply_gradients(self: Any, grads_and_vars: Any, *args: Any, **kwargs: Any) -> Any:
+        wrapper = v1_wrapper_of(self)
+        if wrapper is None or _passes_through(self) or not is_user_caller():
+            return original(self, grads_and_vars, *args, **kwargs)
+        with _inside_wrapper():
+            return wrapper.apply_gradients(grads_and_vars, *args, **kwargs)
+
+    apply_gradients.__wrapped__ = original  # type: ignore[attr-defined]
+    return apply_gradients
+
+
+def _is_implicit_state(value: Any) -> bool:
+    return bool(getattr(value, "_tf_amp_implicit_state", False))
+
+
+def saver_init_patch(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``tf.compat.v1.train.Saver.__init__`` that also builds, when the saver covers the loss-
+    scale state of an implicit v1 wrapper, a second saver without it (see the restore patch).
+
+    Built now, at graph construction: by restore time a MonitoredTrainingSession has
+    finalized the graph."""
+
+    def __init__(self: Any, var_list: Any = None, *args: Any, **kwargs: Any) -> None:
+        original(self, var_list, *args, **kwargs)
+        if kwargs.get("defer_build") or tf.executing_eagerly():
+            return
+        covered = var_list if var_list is not None else upstream_tf.all_saveable_objects()
+        if isinstance(covered, dict):
+            ours = [v for v in covered.values() if _is_implicit_state(v)]
+            rest: Any = {k: v for k, v in covered.items() if not _is_implicit_state(v)}
+        else:
+            ours = [v for v in covered if _is_implicit_state(v)]
+            rest = [v for v in covered if not _is_implicit_state(v)]
+        if ours and rest:
+            # A saver over `rest` covers no implicit state, so this patch does not recurse.
+            fallback = type(self)(rest, sharded=kwargs.get("sharded", False))
+            self.__dict__["_tf_amp_without_state"] = (fallback, ours)
+
+    __init__.__wrapped__ = original  # type: ignore[attr-defined]
+    return __init__
+
+
+def saver_restore_patch(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``Saver.restore`` that restores a checkpoint written without tf_amp (float32 training)
+    into a graph whose optimizer the activation wrapped: the loss-scale state is not in such a
+    checkpoint, and a plain Saver fails on the first missing key. The rest is restored and the
+    state starts afresh (initial scale), as in a new run; a checkpoint that has it restores it."""
+
+    def restore(self: Any, sess: Any, save_path: Any) -> Any:
+        without = self.__dict__.get("_tf_amp_without_state")
+        if without is None or save_path is None:
+            return original(self, sess, save_path)
+        fallback, ours = without
+        try:
+            saved = {name for name, _ in tf.train.list_variables(save_path)}
+        except (tf.errors.OpError, ValueError):
+            return original(self, sess, save_path)  # let the Saver report what is wrong
+        if all(v.op.name in saved for v in ours):
+            return original(self, sess, save_path)
+        _LOG.info(
+            "%s has no loss-scale state (written without tf_amp); restoring the rest, "
+            "the loss scale starts at its initial value",
+            save_path,
+        )
+        fallback.restore(sess, save_path)
+        sess.run([v.initializer for v in ours])
+        return None
+
+    restore.__wrapped__ = original  # type: ignore[attr-defined]
+    return restore
