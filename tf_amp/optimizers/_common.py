@@ -31,8 +31,9 @@ SUMMARY_SCALE = "tf_amp/loss_scale"
 SUMMARY_SKIPPED = "tf_amp/skipped_steps"
 
 SUPPORTED_MESSAGE = (
-    "pass a Keras 3 optimizer (keras.optimizers.Adam(), ...) or a tf.compat.v1.train.Optimizer "
-    "(tf.compat.v1.train.AdamOptimizer(), ...)"
+    "pass a Keras 3 optimizer (keras.optimizers.Adam(), ...), a tf_keras one "
+    "(tf_keras.optimizers.Adam(), tf_keras.optimizers.legacy.Adam(), ...) or a "
+    "tf.compat.v1.train.Optimizer (tf.compat.v1.train.AdamOptimizer(), ...)"
 )
 
 
