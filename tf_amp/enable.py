@@ -22,11 +22,17 @@ Typical use::
 
 from __future__ import annotations
 
+import sys
 import threading
 from typing import Any
 
 from tf_amp.config import process_target
-from tf_amp.optimizers import LossScaleOptimizer, _common, is_keras_optimizer
+from tf_amp.optimizers import (
+    LossScaleOptimizer,
+    _common,
+    is_keras_optimizer,
+    is_tf_keras_optimizer,
+)
 
 _LOCK = threading.Lock()
 _ENABLED = False
@@ -41,7 +47,9 @@ def enable_mixed_precision_graph_rewrite(
     """Returns ``opt`` wrapped in a ``tf_amp.LossScaleOptimizer`` and turns the rewrite on.
 
     Args:
-      opt: a Keras 3 optimizer or a ``tf.compat.v1.train.Optimizer`` (not yet wrapped).
+      opt: a Keras 3 optimizer, a tf_keras one (``tf_keras.optimizers.*`` or
+        ``tf_keras.optimizers.legacy.*``) or a ``tf.compat.v1.train.Optimizer`` (not yet
+        wrapped).
       loss_scale: ``"auto"`` (default): dynamic loss scaling where the target is float16, none
         where it is bfloat16 (float32's exponent range: nothing underflows, and the scaling
         work costs 3-8% of a step) or float32; ``"dynamic"``, a number (static) or a
@@ -84,6 +92,13 @@ def mark_for_rewrite(wrapped: Any) -> Any:
 
             keras_fit.install_compile_hook()
             _INSTALLED_COMPILE_HOOK = True
+        # --- tf_keras hook: tf_keras models build their fit/evaluate/predict functions
+        # rewritten when their optimizer is marked (runtime/tf_keras_fit.py).
+        if is_tf_keras_optimizer(wrapped):
+            from tf_amp.runtime import tf_keras_fit
+
+            tf_keras_fit.hook("enable")
+        # --- end of the tf_keras hook
     return wrapped
 
 
@@ -105,6 +120,10 @@ def disable_mixed_precision_graph_rewrite() -> None:
 
             keras_fit.uninstall_compile_hook()
             _INSTALLED_COMPILE_HOOK = False
+        # --- tf_keras hook (see mark_for_rewrite)
+        if "tf_amp.runtime.tf_keras_fit" in sys.modules:
+            sys.modules["tf_amp.runtime.tf_keras_fit"].unhook("enable")
+        # --- end of the tf_keras hook
 
 
 def is_rewrite_enabled() -> bool:

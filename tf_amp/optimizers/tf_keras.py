@@ -64,7 +64,7 @@ class _StateTrackable(tf.__internal__.tracking.AutoTrackable):
             setattr(self, name, variable)
 
 
-class _Unwrapped:
+class KeepWhole:
     """Carries the variable list through ``merge_call`` / ``call_for_each_replica`` untouched.
 
     A strategy hands each replica its own component of a mirrored *variable* passed as an
@@ -283,14 +283,14 @@ class _TfKerasLossScaling:
         grads, variables = [g for g, _ in pairs], [v for _, v in pairs]
         self._build_inner(variables)
 
-        def inner_apply(grads: Any, wrapped: _Unwrapped) -> Any:
+        def inner_apply(grads: Any, wrapped: KeepWhole) -> Any:
             result = self._optimizer.apply_gradients(
                 list(zip(grads, wrapped.value, strict=True)), **inner_kwargs
             )
             return result if isinstance(result, tf.Operation) else None
 
         if not self.enabled:
-            return inner_apply(grads, _Unwrapped(variables))
+            return inner_apply(grads, KeepWhole(variables))
         if tf.distribute.in_cross_replica_context() and tf.distribute.has_strategy():
             raise ValueError("apply_gradients() must be called in a replica context.")
         graph, mark = self._unscaled_marks.find()
@@ -307,7 +307,7 @@ class _TfKerasLossScaling:
             _common.all_replicas_finite(finite),
             inner_apply,
             unscaled,
-            _Unwrapped(variables),
+            KeepWhole(variables),
             self._policy,
             self._state_vars,
             self.floor_warning_skips,

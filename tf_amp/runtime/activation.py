@@ -202,12 +202,16 @@ def activate(settings: Settings | None = None) -> Settings:
         if _ACTIVE is not None:
             deactivate()
         _ACTIVE = settings
-        _HOOK = _PostImportHook({"tensorflow": _patch_tensorflow, "keras": _patch_keras})
+        _HOOK = _PostImportHook(
+            {"tensorflow": _patch_tensorflow, "keras": _patch_keras, "tf_keras": _patch_tf_keras}
+        )
         sys.meta_path.insert(0, _HOOK)
         if "tensorflow" in sys.modules:
             _patch_tensorflow(sys.modules["tensorflow"])
         if "keras" in sys.modules:
             _patch_keras(sys.modules["keras"])
+        if "tf_keras" in sys.modules:  # tf_keras hook (see _patch_tf_keras)
+            _patch_tf_keras(sys.modules["tf_keras"])
     def word(half: bool | None) -> str:
         return "where the target needs it" if half is None else ("on" if half else "off")
 
@@ -230,6 +234,8 @@ def deactivate() -> None:
         _PATCHED_MODULES.clear()
         if "tf_amp.runtime.auto_loss_scale" in sys.modules:
             sys.modules["tf_amp.runtime.auto_loss_scale"].reset()
+        if "tf_amp.runtime.tf_keras_env" in sys.modules:  # tf_keras hook
+            sys.modules["tf_amp.runtime.tf_keras_env"].deactivate()
         _ACTIVE = None
 
 
@@ -349,6 +355,23 @@ def _patch_keras(keras: Any) -> None:
 
             save_h5 = legacy_h5_format.save_model_to_hdf5
             _PATCHES.set(legacy_h5_format, "save_model_to_hdf5", keras_fit.h5_save_patch(save_h5))
+
+
+# --- tf_keras hook: tf_keras (Keras 2, TF_USE_LEGACY_KERAS=1) gets its own patches, held in
+# runtime/tf_keras_env.py's registry (released by deactivate above).
+def _patch_tf_keras(tf_keras: Any) -> None:
+    del tf_keras  # the adapter asks tf_amp._upstream.tf_keras for what it patches
+    with _LOCK:
+        if _ACTIVE is None or "tf_keras" in _PATCHED_MODULES:
+            return
+        _PATCHED_MODULES.add("tf_keras")
+        settings = _resolve_active()
+        from tf_amp.runtime import tf_keras_env
+
+        tf_keras_env.activate(
+            graph_rewrite=bool(settings.graph_rewrite), loss_scaling=bool(settings.loss_scaling)
+        )
+# --- end of the tf_keras hook
 
 
 def _make_function_patch(original: Callable[..., Any]) -> Callable[..., Any]:
