@@ -36,7 +36,7 @@ def train_step(x, y):
     with tf.GradientTape() as tape:
         loss = loss_fn(y, model(x, training=True))
     grads = tape.gradient(loss, model.trainable_variables)
-    optimizer.apply_gradients(zip(grads, model.trainable_variables))
+    optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
     return loss
 
 

@@ -32,7 +32,7 @@ class Classifier(tf.keras.Model):
             y_pred = self(x, training=True)
             loss = self.compiled_loss(y, y_pred)
         gradients = tape.gradient(loss, self.trainable_variables)
-        self.optimizer.apply_gradients(zip(gradients, self.trainable_variables))
+        self.optimizer.apply_gradients(zip(gradients, self.trainable_variables, strict=True))
         self.loss_tracker.update_state(loss)
         return {"loss": self.loss_tracker.result()}
 
