@@ -162,7 +162,8 @@ def test_embedding_sparse_gradients_are_unscaled_and_skipped(kind: str) -> None:
             loss = loss_fn(y, model(x, training=True)) * (1.0 + poison)
             scaled = opt.get_scaled_loss(loss)
         grads = tape.gradient(scaled, model.trainable_variables)
-        opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))  # apply unscales: one op
+        # apply_gradients unscales: one fused op
+        opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
         return loss
 
     x, y = tf.constant(x), tf.constant(y)
