@@ -391,3 +391,29 @@ def test_mixed_float16_policy_cooperates_with_one_loss_scale() -> None:
     assert model.predict(x[:4], verbose=0).dtype == np.float16  # the policy's own output dtype
     functions = tf_keras_fit.rewritten_functions(model)
     assert {"Conv2D", "MatMul"} <= half_ops_of_functions(functions["train"].concrete_functions())
+
+
+def test_env_activation_patches_tf_keras_and_restores_it_exactly() -> None:
+    from tf_amp.runtime import activation
+
+    owners = [
+        (tf_keras.Model, "compile"),
+        (tf_keras.Model, "make_train_function"),
+        (tf_keras.Model, "make_test_function"),
+        (tf_keras.Model, "make_predict_function"),
+        (tf_keras.optimizers.Optimizer, "apply_gradients"),
+        (tf_keras.optimizers.legacy.Optimizer, "apply_gradients"),
+    ]
+    originals = [vars(owner)[name] for owner, name in owners]
+    tf_amp.enable_mixed_precision_graph_rewrite(tf_keras.optimizers.SGD())  # "enable" holds too
+    with activation.activated():
+        assert all(
+            vars(owner)[name] is not original
+            for (owner, name), original in zip(owners, originals, strict=True)
+        )
+        assert tf_keras_fit.PATCHES.held("env") == len(owners)
+    # the environment let go; enable_'s builders stay until disable_
+    assert vars(tf_keras.Model)["compile"] is originals[0]
+    assert tf_keras_fit.PATCHES.held() == 3
+    tf_amp.disable_mixed_precision_graph_rewrite()
+    assert [vars(owner)[name] for owner, name in owners] == originals
