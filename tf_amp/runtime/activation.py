@@ -37,6 +37,10 @@ at startup does not import TensorFlow):
   ``optimizer.apply`` / ``apply_gradients`` skips the step on overflow
   (:mod:`tf_amp.runtime.auto_loss_scale`).
 
+tf_keras (Keras 2, ``TF_USE_LEGACY_KERAS=1``): once tf_keras is imported, the same halves are
+applied to it by :mod:`tf_amp.runtime.tf_keras_env` (its builders, ``compile`` and optimizers'
+``apply_gradients``), held in that module's registry and released by :func:`deactivate`.
+
 Scoping: nothing changes unless activated; :func:`activated` is a context manager for tests and
 for turning it on around one region of a program.
 """
