@@ -4,6 +4,7 @@
 #   TF_PACKAGE   the TensorFlow distribution (default tensorflow-cpu==2.21.*; a GPU machine
 #                wants 'tensorflow[and-cuda]==2.21.*')
 #   PYTHON       the interpreter that creates the venv (default python3)
+# Also installs tf_keras (Keras 2), matched to TensorFlow, for the tf_keras tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,5 +21,14 @@ command -v "${CXX:-g++}" >/dev/null || {
 .venv/bin/python -m pip install -q "$tf_package"
 # --no-build-isolation: the op is compiled with the installed TensorFlow's headers and flags.
 .venv/bin/python -m pip install -q --no-build-isolation -e ".[test]"
+# tf_keras (Keras 2) for its tests, matched to the installed TensorFlow's major.minor. --no-deps:
+# tf-keras depends on the `tensorflow` distribution, which would replace tensorflow-cpu's files.
+tf_minor=$(.venv/bin/python -c "import importlib.metadata as m, sys
+for d in ('tensorflow-cpu', 'tensorflow'):
+    try: v = m.version(d)
+    except m.PackageNotFoundError: continue
+    print('.'.join(v.split('.')[:2])); sys.exit()
+sys.exit('no TensorFlow distribution found')")
+.venv/bin/python -m pip install -q --no-deps "tf-keras==${tf_minor}.*"
 TF_CPP_MIN_LOG_LEVEL=2 .venv/bin/python -c \
   "import tf_amp.ops as o; assert o.native_op_available(), 'native op did not load'; print('tf_amp ready: native op loaded')"

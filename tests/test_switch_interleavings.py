@@ -9,6 +9,7 @@ need ``Trainer.compile``; they share that one patch through the registry.
 from __future__ import annotations
 
 import itertools
+import sys
 from typing import Any
 
 import keras
@@ -18,7 +19,7 @@ import tensorflow as tf
 import tf_amp
 from tf_amp._upstream import keras as upstream_keras
 from tf_amp._upstream import tensorflow as upstream_tf
-from tf_amp.runtime import _patches, activation, keras_fit
+from tf_amp.runtime import _patches, activation, keras_fit, tf_keras_fit
 from tf_amp.runtime.activation import Settings
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -43,6 +44,19 @@ def _activation_keys() -> set[tuple[Any, str]]:
     }
 
 
+def _tf_keras_activation_keys() -> set[tuple[Any, str]]:
+    """What the activation patches on tf_keras, when another test of this process loaded it
+    (the activation patches tf_keras only once it is imported; nothing here imports it)."""
+    if "tf_keras" not in sys.modules:
+        return set()
+    from tf_amp._upstream import tf_keras as upstream_tf_keras
+
+    model = upstream_tf_keras.model_class()
+    keys = {(model, name) for name in
+            ("make_train_function", "make_test_function", "make_predict_function", "compile")}
+    return keys | {(base, "apply_gradients") for base in upstream_tf_keras.optimizer_bases()}
+
+
 def _enable_keys() -> set[tuple[Any, str]]:
     builders = upstream_keras.TensorFlowTrainer
     return {
@@ -56,7 +70,7 @@ def _enable_keys() -> set[tuple[Any, str]]:
 def _snapshot() -> dict[tuple[int, str], tuple[bool, Any, Any]]:
     """Every key's own value (``vars`` for classes), whether the owner held it, and what a
     lookup resolves to."""
-    keys = _activation_keys() | _enable_keys()
+    keys = _activation_keys() | _enable_keys() | _tf_keras_activation_keys()
     result = {}
     for owner, name in keys:
         own = vars(owner) if isinstance(owner, type) else owner.__dict__
@@ -108,6 +122,8 @@ class _Switches:
         if self.active:
             for key in _activation_keys():
                 holders.setdefault(key, set()).add(_patches.ACTIVATION)
+            for key in _tf_keras_activation_keys():
+                holders.setdefault(key, set()).add(tf_keras_fit.HOLDERS["env"])
         if self.enabled:
             for key in _enable_keys():
                 holders.setdefault(key, set()).add(_patches.ENABLE)

@@ -44,7 +44,9 @@ def enable_mixed_precision_graph_rewrite(
     """Returns ``opt`` wrapped in a ``tf_amp.LossScaleOptimizer`` and turns the rewrite on.
 
     Args:
-      opt: a Keras 3 optimizer or a ``tf.compat.v1.train.Optimizer`` (not yet wrapped).
+      opt: a Keras 3 optimizer, a tf_keras one (``tf_keras.optimizers.*`` or
+        ``tf_keras.optimizers.legacy.*``) or a ``tf.compat.v1.train.Optimizer`` (not yet
+        wrapped).
       loss_scale: ``"auto"`` (default): dynamic loss scaling where the target is float16, none
         where it is bfloat16 (float32's exponent range: nothing underflows, and the scaling
         work costs 3-8% of a step) or float32; ``"dynamic"``, a number (static) or a

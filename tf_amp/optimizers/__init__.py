@@ -26,6 +26,13 @@ def is_v1_optimizer(optimizer: Any) -> bool:
     return isinstance(optimizer, tf.compat.v1.train.Optimizer)
 
 
+def is_tf_keras_optimizer(optimizer: Any) -> bool:
+    """True for a tf_keras (Keras 2) optimizer, current or legacy; never imports tf_keras."""
+    from tf_amp._upstream import tf_keras
+
+    return tf_keras.is_optimizer(optimizer)
+
+
 def _wrap(inner: Any, loss_scale: Any = "dynamic", **kwargs: Any) -> Any:
     _common.check_not_wrapped(inner)
     if is_v1_optimizer(inner):  # first: needs only TensorFlow, never imports Keras
@@ -36,11 +43,14 @@ def _wrap(inner: Any, loss_scale: Any = "dynamic", **kwargs: Any) -> Any:
         from tf_amp.optimizers.keras import KerasLossScaleOptimizer
 
         return KerasLossScaleOptimizer(inner, loss_scale=loss_scale, **kwargs)
+    # --- tf_keras (Keras 2) hook: its optimizers get the wrappers of optimizers/tf_keras.py.
+    if is_tf_keras_optimizer(inner):
+        from tf_amp.optimizers.tf_keras import wrap
+
+        return wrap(inner, loss_scale=loss_scale, **kwargs)
+    # --- end of the tf_keras hook
     hint = ""
-    module = type(inner).__module__
-    if module.startswith("tf_keras") or "keras.optimizers.legacy" in module:
-        hint = " (legacy tf_keras optimizers are not supported; use keras.optimizers.*)"
-    elif isinstance(inner, str):
+    if isinstance(inner, str):
         hint = f" (a string such as {inner!r} is not an optimizer; build it first)"
     raise TypeError(
         f"tf_amp.LossScaleOptimizer cannot wrap {type(inner).__module__}."
@@ -127,5 +137,6 @@ __all__ = [
     "LossScaleOptimizer",
     "custom_objects",
     "is_keras_optimizer",
+    "is_tf_keras_optimizer",
     "is_v1_optimizer",
 ]

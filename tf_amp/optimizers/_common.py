@@ -19,8 +19,9 @@ FLOOR_WARNING_SKIPS = 2
 
 
 SUPPORTED_MESSAGE = (
-    "pass a Keras 3 optimizer (keras.optimizers.Adam(), ...) or a tf.compat.v1.train.Optimizer "
-    "(tf.compat.v1.train.AdamOptimizer(), ...)"
+    "pass a Keras 3 optimizer (keras.optimizers.Adam(), ...), a tf_keras one "
+    "(tf_keras.optimizers.Adam(), tf_keras.optimizers.legacy.Adam(), ...) or a "
+    "tf.compat.v1.train.Optimizer (tf.compat.v1.train.AdamOptimizer(), ...)"
 )
 
 

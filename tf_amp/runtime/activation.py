@@ -26,6 +26,10 @@ patched right after their import, so activation at startup does not import Tenso
   called from user code scales the loss and the next Keras ``optimizer.apply`` /
   ``apply_gradients`` skips the step on overflow (:mod:`tf_amp.runtime.auto_loss_scale`).
 
+tf_keras (Keras 2, ``TF_USE_LEGACY_KERAS=1``): once tf_keras is imported, the same halves are
+applied to it by :mod:`tf_amp.runtime.tf_keras_env` (its builders, ``compile`` and optimizers'
+``apply_gradients``), held in that module's registry and released by :func:`deactivate`.
+
 Scoping: nothing changes unless activated; :func:`activated` is a context manager for tests and
 for turning it on around one region of a program.
 """
@@ -81,12 +85,16 @@ def activate(requested: Settings | None = None) -> Settings:
         if _state.active_settings() is not None:
             deactivate()
         _state.set_active_settings(requested)
-        _hook = PostImportHook({"tensorflow": _patch_tensorflow, "keras": _patch_keras})
+        _hook = PostImportHook(
+            {"tensorflow": _patch_tensorflow, "keras": _patch_keras, "tf_keras": _patch_tf_keras}
+        )
         _hook.install()
         if "tensorflow" in sys.modules:
             _patch_tensorflow(sys.modules["tensorflow"])
         if "keras" in sys.modules:
             _patch_keras(sys.modules["keras"])
+        if "tf_keras" in sys.modules:  # tf_keras hook (see _patch_tf_keras)
+            _patch_tf_keras(sys.modules["tf_keras"])
 
     def word(half: bool | None) -> str:
         return "where the target needs it" if half is None else ("on" if half else "off")
@@ -111,6 +119,8 @@ def deactivate() -> None:
         _state.set_compile_optimizer_wrapper(None)
         if "tf_amp.runtime.auto_loss_scale" in sys.modules:  # its state exists only if loaded
             sys.modules["tf_amp.runtime.auto_loss_scale"].reset()
+        if "tf_amp.runtime.tf_keras_env" in sys.modules:  # tf_keras hook
+            sys.modules["tf_amp.runtime.tf_keras_env"].deactivate()
         _state.set_active_settings(None)
 
 
@@ -206,6 +216,22 @@ def _for_user_callers(
 
 
 _USER_CALLER_FACTORIES: dict[Any, Callable[[Any], Any]] = {}
+
+
+def _patch_tf_keras(tf_keras: Any) -> None:
+    """tf_keras (Keras 2, ``TF_USE_LEGACY_KERAS=1``): its adapter holds its patches in the one
+    registry under its own holder (released by ``deactivate`` through the adapter)."""
+    del tf_keras  # the adapter asks tf_amp._upstream.tf_keras for what it patches
+    with _state.LOCK:
+        if _state.active_settings() is None or "tf_keras" in _patched_modules:
+            return
+        _patched_modules.add("tf_keras")
+        active = settings.resolved_active()
+        from tf_amp.runtime import tf_keras_env
+
+        tf_keras_env.activate(
+            graph_rewrite=bool(active.graph_rewrite), loss_scaling=bool(active.loss_scaling)
+        )
 
 
 def _make_function_patch(original: Callable[..., Any]) -> Callable[..., Any]:

@@ -179,6 +179,22 @@ def _take_pending(grads: list[Any]) -> Any:
     return flags[0] if len(flags) == 1 else tf.reduce_all(tf.stack(flags))
 
 
+# --- tf_keras hook: the hand-off that tf_keras optimizers' patched apply_gradients uses
+# (runtime/tf_keras_env.py); the same flags and policy as Keras 3's apply patch below.
+def take_finite_flag(grads: list[Any]) -> Any:
+    """The finite flag a scaled ``tape.gradient`` call left for ``grads`` in this graph (the
+    latest one when they were transformed in between), or None when none is pending."""
+    if not _STATE["pending"].get(_graph_key()):
+        return None
+    return _take_pending(list(grads))
+
+
+def policy() -> Any:
+    """The dynamic ``tf_amp.LossScale`` of the custom-loop path."""
+    return _policy()
+# --- end of the tf_keras hook
+
+
 def gradient_patch(
     original: Callable[..., Any], is_user_caller: Callable[[], bool]
 ) -> Callable[..., Any]:

@@ -19,7 +19,8 @@ def mark_for_rewrite(wrapped: Any) -> Any:
     run keeps both the rewrite and its restored loss scale).
 
     For a Keras optimizer it also installs the compile hook, which makes
-    ``model.compile(optimizer=wrapped)`` hook that model's fit / evaluate / predict.
+    ``model.compile(optimizer=wrapped)`` hook that model's fit / evaluate / predict; for a
+    tf_keras one, the fit / evaluate / predict builders of ``tf_keras.Model``.
     """
     _state.mark_optimizer(wrapped)
     with _state.LOCK:
@@ -29,6 +30,12 @@ def mark_for_rewrite(wrapped: Any) -> Any:
             from tf_amp.runtime import keras_fit
 
             keras_fit.install_compile_hook()
+        elif _is_tf_keras_optimizer(wrapped):
+            # tf_keras models build fit/evaluate/predict rewritten when their optimizer is
+            # marked (tf_amp.runtime.tf_keras_fit).
+            from tf_amp.runtime import tf_keras_fit
+
+            tf_keras_fit.hook("enable")
     return wrapped
 
 
@@ -39,6 +46,14 @@ def turn_off() -> None:
         _state.set_rewrite_enabled(False)
         if "tf_amp.runtime.keras_fit" in sys.modules:  # else no hook was ever installed
             sys.modules["tf_amp.runtime.keras_fit"].uninstall_compile_hook()
+        if "tf_amp.runtime.tf_keras_fit" in sys.modules:
+            sys.modules["tf_amp.runtime.tf_keras_fit"].unhook("enable")
+
+
+def _is_tf_keras_optimizer(optimizer: Any) -> bool:
+    from tf_amp._upstream import tf_keras  # never imports tf_keras itself
+
+    return tf_keras.is_optimizer(optimizer)
 
 
 def _is_keras_optimizer(optimizer: Any) -> bool:

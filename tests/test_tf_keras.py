@@ -1,0 +1,419 @@
+"""tf_keras (Keras 2): the loss-scale wrappers, ``fit`` through the rewrite, saving, policies.
+
+Real tf_keras models: a CNN with BatchNormalization, a model with its own ``train_step``, and an
+Embedding model (sparse gradients), each with a current and a legacy tf_keras optimizer.
+Evidence of mixed precision is the dtype of the ops in the rewritten functions that ran.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+tf_keras = pytest.importorskip(
+    "tf_keras", reason="tf_keras is not installed (pip install --no-deps 'tf-keras==2.21.*')"
+)
+
+import tf_amp  # noqa: E402
+from tests.e2e_helpers import half_ops_of_functions  # noqa: E402
+from tf_amp.enable import optimizer_wants_rewrite  # noqa: E402
+from tf_amp.loss_scale import DynamicLossScale  # noqa: E402
+from tf_amp.optimizers.tf_keras import (  # noqa: E402
+    TfKerasLegacyLossScaleOptimizer,
+    TfKerasLossScaleOptimizer,
+)
+from tf_amp.runtime import tf_keras_fit  # noqa: E402
+
+KINDS = ["current", "legacy"]
+CONV_OPS = {"Conv2D", "Conv2DBackpropFilter", "FusedBatchNormV3", "FusedBatchNormGradV3", "MatMul"}
+
+
+def _adam(kind: str, lr: float = 1e-2) -> Any:
+    if kind == "legacy":
+        return tf_keras.optimizers.legacy.Adam(lr)
+    return tf_keras.optimizers.Adam(lr)
+
+
+def _digits() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    x = rng.random((128, 8, 8, 1), dtype=np.float32)
+    y = x.reshape(128, -1)[:, :10].argmax(1).astype(np.int32)
+    return x, y
+
+
+def _cnn() -> Any:
+    tf_keras.utils.set_random_seed(0)
+    return tf_keras.Sequential(
+        [
+            tf_keras.Input((8, 8, 1)),
+            tf_keras.layers.Conv2D(8, 3),
+            tf_keras.layers.BatchNormalization(),
+            tf_keras.layers.ReLU(),
+            tf_keras.layers.Flatten(),
+            tf_keras.layers.Dense(10),
+        ]
+    )
+
+
+def _tokens() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(1)
+    tokens = rng.integers(1, 50, size=(128, 6)).astype(np.int32)
+    return tokens, (np.sum(tokens < 25, axis=1) > 3).astype(np.int32)
+
+
+def _embedding_model() -> Any:
+    tf_keras.utils.set_random_seed(0)
+    return tf_keras.Sequential(
+        [
+            tf_keras.Input((6,), dtype="int32"),
+            tf_keras.layers.Embedding(50, 16),
+            tf_keras.layers.GlobalAveragePooling1D(),
+            tf_keras.layers.Dense(16, activation="relu"),
+            tf_keras.layers.Dense(2),
+        ]
+    )
+
+
+def _optimizer_variables(opt: Any) -> list[Any]:
+    variables = opt.variables
+    return list(variables() if callable(variables) else variables)
+
+
+def _snapshot(model: Any, opt: Any) -> list[bytes]:
+    """Trainable weights, slots and ``iterations``: what a step applies. (BatchNormalization's
+    moving statistics are updated by the forward pass itself, skipped step or not, as in
+    tf_keras's own wrapper.)"""
+    return [v.numpy().tobytes() for v in model.trainable_weights + _optimizer_variables(opt)]
+
+
+SCCE = dict(from_logits=True)
+
+
+# ------------------------------------------------------------------------- the wrappers
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_wrapper_is_a_tf_keras_loss_scale_optimizer_of_the_inner_kind(kind: str) -> None:
+    opt = tf_amp.LossScaleOptimizer(_adam(kind), dynamic=True, initial_scale=256.0)
+    expected = TfKerasLegacyLossScaleOptimizer if kind == "legacy" else TfKerasLossScaleOptimizer
+    assert type(opt) is expected
+    assert isinstance(opt, tf_amp.LossScaleOptimizer)
+    # tf_keras's compile under mixed_float16 sees a loss-scale optimizer and adds none
+    assert isinstance(opt, tf_keras.mixed_precision.LossScaleOptimizer)
+    assert float(opt.loss_scale) == 256.0 and opt.dynamic and opt.dynamic_growth_steps == 2000
+    assert opt.learning_rate is opt.inner_optimizer.learning_rate or float(
+        opt.learning_rate
+    ) == pytest.approx(1e-2)
+    with pytest.raises(ValueError, match="already wrapped"):
+        tf_amp.LossScaleOptimizer(opt.inner_optimizer)
+    with pytest.raises(ValueError, match="inner_optimizer"):
+        tf_amp.LossScaleOptimizer(tf_keras.mixed_precision.LossScaleOptimizer(_adam(kind)))
+    static = tf_amp.LossScaleOptimizer(_adam(kind), dynamic=False, initial_scale=8.0)
+    assert not static.dynamic and static.dynamic_counter is None
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_custom_loop_api_trains_in_half_and_skips_inf_nan_bit_identically(kind: str) -> None:
+    model, (x, y) = _cnn(), _digits()
+    opt = tf_amp.LossScaleOptimizer(_adam(kind), DynamicLossScale(2.0**10, growth_interval=1000))
+    loss_fn = tf_keras.losses.SparseCategoricalCrossentropy(**SCCE)
+
+    @tf_amp.function
+    def step(x: tf.Tensor, y: tf.Tensor, poison: tf.Tensor) -> tf.Tensor:
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True)) * (1.0 + poison)
+            scaled = opt.get_scaled_loss(loss)
+        grads = opt.get_unscaled_gradients(tape.gradient(scaled, model.trainable_variables))
+        opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+        return loss
+
+    losses = [float(step(x, y, tf.constant(0.0))) for _ in range(15)]
+    assert losses[-1] < 0.8 * losses[0]
+    assert half_ops_of_functions(step.concrete_functions()) >= CONV_OPS
+    # the fused native op unscales every gradient in one call
+    graph = step.concrete_functions()[0].graph.as_graph_def()
+    op_types = {n.op for n in graph.node} | {
+        n.op for f in graph.library.function for n in f.node_def
+    }
+    assert "TfAmpUnscaleAndCheckFinite" in op_types
+    assert int(opt.iterations) == 15
+    for bad in (float("inf"), float("nan")):
+        before, scale = _snapshot(model, opt), float(opt.loss_scale)
+        step(x, y, tf.constant(bad))
+        assert _snapshot(model, opt) == before  # weights, slots, iterations
+        assert float(opt.loss_scale) == scale / 2
+    assert int(opt.skipped_steps) == 2 and int(opt.iterations) == 15
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_embedding_sparse_gradients_are_unscaled_and_skipped(kind: str) -> None:
+    model, (x, y) = _embedding_model(), _tokens()
+    opt = tf_amp.LossScaleOptimizer(_adam(kind))
+    loss_fn = tf_keras.losses.SparseCategoricalCrossentropy(**SCCE)
+
+    @tf_amp.function
+    def step(x: tf.Tensor, y: tf.Tensor, poison: tf.Tensor) -> tf.Tensor:
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True)) * (1.0 + poison)
+            scaled = opt.get_scaled_loss(loss)
+        grads = tape.gradient(scaled, model.trainable_variables)
+        # apply_gradients unscales: one fused op
+        opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+        return loss
+
+    x, y = tf.constant(x), tf.constant(y)
+    with tf.GradientTape() as tape:
+        probe = tf.reduce_sum(model(x))
+    assert isinstance(tape.gradient(probe, model.trainable_variables)[0], tf.IndexedSlices)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # get_scaled_loss was called: no "never scaled" warning
+        losses = [float(step(x, y, tf.constant(0.0))) for _ in range(30)]
+    assert losses[-1] < 0.8 * losses[0]
+    assert "MatMul" in half_ops_of_functions(step.concrete_functions())
+    before = _snapshot(model, opt)
+    step(x, y, tf.constant(float("nan")))
+    assert _snapshot(model, opt) == before and int(opt.skipped_steps) == 1
+
+
+def test_gradients_never_scaled_warn_as_tf_keras_did() -> None:
+    var = tf.Variable([1.0, 2.0])
+    opt = tf_amp.LossScaleOptimizer(tf_keras.optimizers.SGD(1.0), loss_scale=4.0)
+    with pytest.warns(UserWarning, match="get_scaled_loss"):
+        opt.apply_gradients([(tf.constant([4.0, 8.0]), var)])
+    np.testing.assert_allclose(var.numpy(), [0.0, 0.0])  # divided by the scale: 1 and 2
+
+
+# --------------------------------------------------------------------------------- fit
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_fit_of_a_cnn_with_batchnorm_runs_the_rewritten_step(kind: str) -> None:
+    model, (x, y) = _cnn(), _digits()
+    model.compile(
+        tf_amp.enable_mixed_precision_graph_rewrite(_adam(kind)),
+        tf_keras.losses.SparseCategoricalCrossentropy(**SCCE),
+        metrics=["accuracy"],
+    )
+    history = model.fit(x, y, batch_size=32, epochs=4, verbose=0)
+    losses = history.history["loss"]
+    assert losses[-1] < 0.7 * losses[0]
+    functions = tf_keras_fit.rewritten_functions(model)
+    assert half_ops_of_functions(functions["train"].concrete_functions()) >= CONV_OPS
+    model.evaluate(x, y, verbose=0)
+    predictions = model.predict(x[:8], verbose=0)
+    assert predictions.dtype == np.float32
+    functions = tf_keras_fit.rewritten_functions(model)
+    assert {"Conv2D", "MatMul"} <= half_ops_of_functions(functions["predict"].concrete_functions())
+    assert "Conv2D" in half_ops_of_functions(functions["test"].concrete_functions())
+    # a plain optimizer on recompile: float32 again
+    model.compile(_adam(kind), tf_keras.losses.SparseCategoricalCrossentropy(**SCCE))
+    model.fit(x, y, batch_size=32, epochs=1, verbose=0)
+    assert not isinstance(model.train_function, tf_amp.runtime.function.Function)
+
+
+class _OwnStep(tf_keras.Model):
+    """A Keras 2 custom train_step in the tf.keras 2.x mixed-precision guide's form."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = tf_keras.layers.Conv2D(8, 3, activation="relu")
+        self.flat = tf_keras.layers.Flatten()
+        self.out = tf_keras.layers.Dense(10)
+        self.tracker = tf_keras.metrics.Mean(name="loss")
+
+    def call(self, x: Any, training: bool = False) -> Any:
+        return self.out(self.flat(self.conv(x)))
+
+    def train_step(self, data: Any) -> dict[str, Any]:
+        x, y = data
+        with tf.GradientTape() as tape:
+            loss = self.compiled_loss(y, self(x, training=True))
+            scaled = self.optimizer.get_scaled_loss(loss)
+        grads = self.optimizer.get_unscaled_gradients(
+            tape.gradient(scaled, self.trainable_variables)
+        )
+        self.optimizer.apply_gradients(zip(grads, self.trainable_variables, strict=True))
+        self.tracker.update_state(loss)
+        return {"loss": self.tracker.result()}
+
+    @property
+    def metrics(self) -> list[Any]:
+        return [self.tracker]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_fit_with_a_custom_train_step_runs_rewritten_and_loss_scaled(kind: str) -> None:
+    tf_keras.utils.set_random_seed(0)
+    model, (x, y) = _OwnStep(), _digits()
+    opt = tf_amp.enable_mixed_precision_graph_rewrite(_adam(kind))
+    model.compile(opt, tf_keras.losses.SparseCategoricalCrossentropy(**SCCE))
+    losses = model.fit(x, y, batch_size=32, epochs=8, verbose=0).history["loss"]
+    assert losses[-1] < 0.8 * losses[0]
+    functions = tf_keras_fit.rewritten_functions(model)
+    assert {"Conv2D", "Conv2DBackpropFilter", "MatMul"} <= half_ops_of_functions(
+        functions["train"].concrete_functions()
+    )
+    assert int(opt.iterations) == 32 and float(opt.loss_scale) == 2.0**15
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_fit_of_an_embedding_model_with_steps_per_execution(kind: str) -> None:
+    model, (x, y) = _embedding_model(), _tokens()
+    model.compile(
+        tf_amp.enable_mixed_precision_graph_rewrite(_adam(kind)),
+        tf_keras.losses.SparseCategoricalCrossentropy(**SCCE),
+        steps_per_execution=2,
+    )
+    losses = model.fit(x, y, batch_size=16, epochs=6, verbose=0).history["loss"]
+    assert losses[-1] < 0.8 * losses[0]
+    functions = tf_keras_fit.rewritten_functions(model)
+    assert "MatMul" in half_ops_of_functions(functions["train"].concrete_functions())
+    assert int(model.optimizer.iterations) == 48
+
+
+def test_disable_restores_tf_keras_builders() -> None:
+    original = vars(tf_keras.Model)["make_train_function"]
+    tf_amp.enable_mixed_precision_graph_rewrite(tf_keras.optimizers.SGD())
+    assert vars(tf_keras.Model)["make_train_function"] is not original
+    tf_amp.disable_mixed_precision_graph_rewrite()
+    assert vars(tf_keras.Model)["make_train_function"] is original
+    assert tf_keras_fit.held() == 0
+
+
+# ------------------------------------------------------------------------ checkpoints
+
+
+def _train_a_few_steps(model: Any, opt: Any, steps: int = 3) -> None:
+    x, y = _digits()
+    loss_fn = tf_keras.losses.SparseCategoricalCrossentropy(**SCCE)
+    for _ in range(steps):
+        with tf.GradientTape() as tape:
+            scaled = opt.get_scaled_loss(loss_fn(y, model(x, training=True)))
+        grads = opt.get_unscaled_gradients(tape.gradient(scaled, model.trainable_variables))
+        opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_mixed_precision_checkpoint_restores_into_float32_and_back(
+    kind: str, tmp_path: Path
+) -> None:
+    mixed_model = _cnn()
+    mixed = tf_amp.LossScaleOptimizer(_adam(kind), DynamicLossScale(2.0**12, growth_interval=2))
+    _train_a_few_steps(mixed_model, mixed)
+    assert float(mixed.loss_scale) == 2.0**13  # grew once: the state is not the initial one
+    path = tf.train.Checkpoint(model=mixed_model, optimizer=mixed).save(str(tmp_path / "mixed"))
+
+    plain_model, plain = _cnn(), _adam(kind)
+    _train_a_few_steps(plain_model, tf_amp.LossScaleOptimizer(plain, enabled=False), steps=1)
+    tf.train.Checkpoint(model=plain_model, optimizer=plain).restore(path).expect_partial()
+    assert _snapshot(plain_model, plain) == _snapshot(mixed_model, mixed)
+
+    _train_a_few_steps(plain_model, tf_amp.LossScaleOptimizer(_adam(kind), enabled=False), 1)
+    back_path = tf.train.Checkpoint(model=plain_model, optimizer=plain).save(
+        str(tmp_path / "float32")
+    )
+    back_model = _cnn()
+    back = tf_amp.LossScaleOptimizer(_adam(kind))
+    _train_a_few_steps(back_model, back, steps=1)
+    tf.train.Checkpoint(model=back_model, optimizer=back).restore(back_path).assert_consumed()
+    assert _snapshot(back_model, back) == _snapshot(plain_model, plain)
+
+    # and a wrapper resumes the schedule from a mixed checkpoint, restored before its first step
+    resumed = tf_amp.LossScaleOptimizer(_adam(kind), DynamicLossScale(2.0**12, growth_interval=2))
+    tf.train.Checkpoint(model=_cnn(), optimizer=resumed).restore(path).expect_partial()
+    assert float(resumed.loss_scale) == 2.0**13
+
+
+def test_tf_keras_own_loss_scale_checkpoint_restores_its_scale(tmp_path: Path) -> None:
+    theirs = tf_keras.mixed_precision.LossScaleOptimizer(tf_keras.optimizers.Adam())
+    model = _cnn()
+    _train_a_few_steps(model, theirs, steps=1)
+    theirs.loss_scale  # noqa: B018 - the property works
+    theirs._loss_scale._current_loss_scale.assign(64.0)  # noqa: SLF001
+    path = tf.train.Checkpoint(optimizer=theirs).save(str(tmp_path / "theirs"))
+    ours = tf_amp.LossScaleOptimizer(tf_keras.optimizers.Adam())
+    tf.train.Checkpoint(optimizer=ours).restore(path).expect_partial()
+    assert float(ours.loss_scale) == 64.0
+
+
+# Where tf_keras restores the optimizer's state on load_model (measured for a plain optimizer and
+# tf_keras's own LossScaleOptimizer, which the wrapper matches format for format): its .keras
+# format for current optimizers, .h5 for legacy ones. Elsewhere the optimizer starts afresh
+# (weights and the optimizer's config load everywhere).
+STATE_RESTORED = {("current", "keras"), ("legacy", "h5")}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("fmt", ["keras", "h5", "tf"])
+def test_model_save_round_trip(kind: str, fmt: str, tmp_path: Path) -> None:
+    model, (x, y) = _cnn(), _digits()
+    opt = tf_amp.enable_mixed_precision_graph_rewrite(_adam(kind), loss_scale=DynamicLossScale())
+    model.compile(opt, tf_keras.losses.SparseCategoricalCrossentropy(**SCCE))
+    model.fit(x, y, batch_size=32, epochs=1, verbose=0)
+    opt.set_loss_scale(1024.0)
+    path = str(tmp_path / ("model" if fmt == "tf" else f"model.{fmt}"))
+    model.save(path, save_format=None if fmt != "tf" else "tf")
+    loaded = tf_keras.models.load_model(path)
+    assert type(loaded.optimizer) is type(opt)
+    assert optimizer_wants_rewrite(loaded.optimizer)  # the resumed run is rewritten too
+    for a, b in zip(loaded.weights, model.weights, strict=True):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    assert loaded.optimizer.loss_scale_policy == opt.loss_scale_policy
+    if (kind, fmt) in STATE_RESTORED:
+        assert int(loaded.optimizer.iterations) == int(opt.iterations) > 0
+        slots = _optimizer_variables(opt.inner_optimizer)
+        for a, b in zip(_optimizer_variables(loaded.optimizer), slots, strict=True):
+            np.testing.assert_array_equal(a.numpy(), b.numpy())
+    loaded.fit(x, y, batch_size=32, epochs=1, verbose=0)
+    assert "train" in tf_keras_fit.rewritten_functions(loaded)
+
+
+# -------------------------------------------------------------- tf_keras's mixed policy
+
+
+def test_mixed_float16_policy_cooperates_with_one_loss_scale() -> None:
+    previous = tf_keras.mixed_precision.global_policy()
+    tf_keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model, (x, y) = _cnn(), _digits()
+    finally:
+        tf_keras.mixed_precision.set_global_policy(previous)
+    opt = tf_amp.enable_mixed_precision_graph_rewrite(tf_keras.optimizers.Adam(1e-2))
+    model.compile(opt, tf_keras.losses.SparseCategoricalCrossentropy(**SCCE))
+    assert model.optimizer is opt  # tf_keras did not wrap it in its own loss scale
+    losses = model.fit(x, y, batch_size=32, epochs=4, verbose=0).history["loss"]
+    assert losses[-1] < 0.7 * losses[0]
+    assert model.predict(x[:4], verbose=0).dtype == np.float16  # the policy's own output dtype
+    functions = tf_keras_fit.rewritten_functions(model)
+    assert {"Conv2D", "MatMul"} <= half_ops_of_functions(functions["train"].concrete_functions())
+
+
+def test_env_activation_patches_tf_keras_and_restores_it_exactly() -> None:
+    from tf_amp.runtime import activation
+
+    owners = [
+        (tf_keras.Model, "compile"),
+        (tf_keras.Model, "make_train_function"),
+        (tf_keras.Model, "make_test_function"),
+        (tf_keras.Model, "make_predict_function"),
+        (tf_keras.optimizers.Optimizer, "apply_gradients"),
+        (tf_keras.optimizers.legacy.Optimizer, "apply_gradients"),
+    ]
+    originals = [vars(owner)[name] for owner, name in owners]
+    tf_amp.enable_mixed_precision_graph_rewrite(tf_keras.optimizers.SGD())  # "enable" holds too
+    with activation.activated():
+        assert all(
+            vars(owner)[name] is not original
+            for (owner, name), original in zip(owners, originals, strict=True)
+        )
+        assert tf_keras_fit.held("env") == len(owners)
+    # the environment let go; enable_'s builders stay until disable_
+    assert vars(tf_keras.Model)["compile"] is originals[0]
+    assert tf_keras_fit.held() == 3
+    tf_amp.disable_mixed_precision_graph_rewrite()
+    assert [vars(owner)[name] for owner, name in owners] == originals

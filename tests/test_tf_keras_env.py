@@ -1,0 +1,230 @@
+"""tf_keras in subprocesses: unmodified Keras 2 scripts under the environment variable, and the
+wrappers under a MirroredStrategy on two logical CPUs.
+
+The scripts are the three in examples/ (``fit``, a custom ``train_step``, a ``tf.GradientTape``
+loop), run with ``TF_USE_LEGACY_KERAS=1`` as a Keras 2 code base runs them, with tf_amp's
+startup hook processed as at interpreter start (as tests/test_activation.py does).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip(
+    "tf_keras", reason="tf_keras is not installed (pip install --no-deps 'tf-keras==2.21.*')"
+)
+
+from tests.test_activation import ALL_VARS, PTH, _half_ops_in_logs  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = REPO / "examples"
+
+# After the script: the custom-loop loss-scale state, if the environment's tape patch made it.
+BOOTSTRAP = textwrap.dedent(
+    """
+    import runpy, site, sys
+    site.addsitedir(sys.argv[1]); sys.argv = sys.argv[2:]
+    runpy.run_path(sys.argv[0], run_name="__main__")
+    auto = sys.modules.get("tf_amp.runtime.auto_loss_scale")
+    variables = auto and auto._STATE["vars"]
+    if variables:
+        scale, skipped = float(variables[0].numpy()), int(variables[2].numpy())
+        print("auto loss scale:", scale, "skipped:", skipped)
+    """
+)
+
+
+def _run(script: Path, tmp_path: Path, env: dict[str, str]) -> str:
+    site_dir = tmp_path / "site"
+    site_dir.mkdir(exist_ok=True)
+    (site_dir / PTH.name).write_text(PTH.read_text())
+    full_env = {k: v for k, v in os.environ.items() if k not in ALL_VARS}
+    full_env.update(
+        {
+            "PYTHONPATH": str(REPO),
+            "TF_CPP_MIN_LOG_LEVEL": "2",
+            "TF_ENABLE_ONEDNN_OPTS": "0",
+            "TF_USE_LEGACY_KERAS": "1",
+        }
+    )
+    full_env.update(env)
+    proc = subprocess.run(
+        [sys.executable, "-c", BOOTSTRAP, str(site_dir), str(script)],
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    output = proc.stdout + proc.stderr
+    if proc.returncode != 0:
+        raise AssertionError(f"exit {proc.returncode}\n{output[-4000:]}")
+    return output
+
+
+def _field(out: str, name: str) -> str:
+    return out.split(f"{name}:")[1].splitlines()[0].strip()
+
+
+def _env_run(script: str, tmp_path: Path) -> tuple[str, set[str]]:
+    logs = tmp_path / "logs"
+    out = _run(
+        EXAMPLES / script,
+        tmp_path,
+        {"TF_ENABLE_AUTO_MIXED_PRECISION": "1", "TF_AMP_LOG_PATH": str(logs)},
+    )
+    assert _field(out, "keras") == "tf_keras"  # the script really ran Keras 2
+    assert "loss scaling: on" in out
+    losses = json.loads(_field(out, "losses"))
+    assert losses[-1] < 0.5 * losses[0]
+    return out, _half_ops_in_logs(logs)
+
+
+def test_env_tf_keras_fit_script(tmp_path: Path) -> None:
+    out, half = _env_run("tf_keras_fit.py", tmp_path)
+    assert _field(out, "optimizer") == "TfKerasLossScaleOptimizer"  # compile wrapped it
+    assert {"Conv2D", "Conv2DBackpropFilter", "FusedBatchNormV3", "MatMul"} <= half
+    assert float(_field(out, "accuracy")) > 0.9
+    assert _field(out, "predictions") == "float32"
+
+
+def test_env_tf_keras_custom_train_step_script(tmp_path: Path) -> None:
+    out, half = _env_run("tf_keras_train_step.py", tmp_path)
+    # Its own optimizer (an unmodified train_step never calls get_scaled_loss); tape.gradient
+    # was scaled and apply_gradients checked, with the process-wide custom-loop scale.
+    assert _field(out, "optimizer") == "Adam"
+    assert {"Conv2D", "Conv2DBackpropFilter", "MatMul"} <= half
+    assert "auto loss scale: 32768.0 skipped: 0" in out
+    assert float(_field(out, "accuracy")) > 0.9
+
+
+def test_env_tf_keras_tape_loop_script(tmp_path: Path) -> None:
+    out, half = _env_run("tf_keras_tape_loop.py", tmp_path)
+    assert _field(out, "optimizer") == "Adam"
+    assert "MatMul" in half
+    assert "auto loss scale: 32768.0 skipped: 0" in out
+    assert int(_field(out, "iterations")) == 64
+
+
+def test_env_tf_keras_overflow_is_skipped_in_an_unmodified_loop(tmp_path: Path) -> None:
+    script = tmp_path / "overflow.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import numpy as np, tensorflow as tf
+            model = tf.keras.Sequential([tf.keras.layers.Dense(1, input_shape=(2,))])
+            opt = tf.keras.optimizers.SGD(0.1)
+            x = tf.ones((4, 2))
+
+            @tf.function
+            def step(x, factor):
+                with tf.GradientTape() as tape:
+                    loss = tf.reduce_mean(model(x)) * factor
+                grads = tape.gradient(loss, model.trainable_variables)
+                opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+
+            step(x, tf.constant(1.0))
+            before = [w.numpy().tobytes() for w in model.weights]
+            step(x, tf.constant(float("inf")))
+            print("unchanged:", before == [w.numpy().tobytes() for w in model.weights])
+            print("iterations:", int(opt.iterations))
+            """
+        )
+    )
+    out = _run(script, tmp_path, {"TF_ENABLE_AUTO_MIXED_PRECISION": "1"})
+    assert "unchanged: True" in out
+    assert "iterations: 1" in out
+    assert "auto loss scale: 16384.0 skipped: 1" in out
+
+
+MIRRORED = textwrap.dedent(
+    """
+    import json, os
+    import numpy as np
+    import tensorflow as tf
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()]
+    )
+    import tf_keras
+    import tf_amp
+    from tf_amp.loss_scale import DynamicLossScale
+
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    POISON = {2: float("inf"), 5: float("nan"), 6: float("inf")}
+    x = tf.constant(np.linspace(-1, 1, 24, dtype=np.float32).reshape(8, 3))
+    y = tf.reduce_sum(x, axis=1, keepdims=True)
+    facts = {}
+    for kind in ("current", "legacy"):
+        with strategy.scope():
+            tf_keras.utils.set_random_seed(0)
+            model = tf_keras.Sequential([tf_keras.Input((3,)),
+                                         tf_keras.layers.Dense(4, activation="tanh"),
+                                         tf_keras.layers.Dense(1)])
+            inner = (tf_keras.optimizers.legacy.Adam(0.01) if kind == "legacy"
+                     else tf_keras.optimizers.Adam(0.01))
+            opt = tf_amp.LossScaleOptimizer(inner, DynamicLossScale(2.0**8, growth_interval=3))
+
+        @tf.function
+        def step(bad):
+            def replica_fn(bad):
+                context = tf.distribute.get_replica_context()
+                with tf.GradientTape() as tape:
+                    loss = tf.reduce_mean(tf.square(model(x) - y))
+                    scaled = opt.get_scaled_loss(loss)
+                grads = opt.get_unscaled_gradients(tape.gradient(scaled, model.trainable_variables))
+                last = context.replica_id_in_sync_group == context.num_replicas_in_sync - 1
+                poison = tf.where(last, bad, 0.0)  # only the last replica sees it
+                opt.apply_gradients(zip([g + poison for g in grads], model.trainable_variables))
+            strategy.run(replica_fn, args=(bad,))
+
+        def local(v):
+            return [np.array(t.numpy()).tobytes() for t in strategy.experimental_local_results(v)]
+
+        def tracked():
+            variables = opt.variables() if kind == "legacy" else opt.variables
+            return [local(v) for v in model.trainable_weights + list(variables)]
+
+        scales = []
+        for i in range(8):
+            before = tracked()
+            step(tf.constant(POISON.get(i, 0.0)))
+            after = tracked()
+            assert all(len(set(r)) == 1 for r in after), "replicas diverged"
+            assert (before == after) == (i in POISON), i
+            scales.append(float(opt.loss_scale))
+        with strategy.scope():
+            fit_model = tf_keras.Sequential([tf_keras.Input((3,)), tf_keras.layers.Dense(1)])
+            fit_opt = tf_amp.enable_mixed_precision_graph_rewrite(
+                tf_keras.optimizers.legacy.SGD(0.1) if kind == "legacy"
+                else tf_keras.optimizers.SGD(0.1))
+            fit_model.compile(optimizer=fit_opt, loss="mse")
+        history = fit_model.fit(x.numpy(), y.numpy(), batch_size=4, epochs=3, verbose=0)
+        facts[kind] = {"scales": scales, "skipped": int(opt.skipped_steps),
+                       "iterations": int(opt.iterations.numpy()),
+                       "fit_iterations": int(fit_opt.iterations.numpy()),
+                       "fit_losses": history.history["loss"]}
+    print(json.dumps(facts))
+    """
+)
+
+
+def test_mirrored_strategy_two_logical_cpus_agree_and_skip_together() -> None:
+    env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.run(
+        [sys.executable, "-c", MIRRORED], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    facts = json.loads(proc.stdout.strip().splitlines()[-1])
+    for kind in ("current", "legacy"):
+        assert facts[kind]["scales"] == [256.0, 256.0, 128.0, 128.0, 128.0, 64.0, 32.0, 32.0]
+        assert facts[kind]["skipped"] == 3 and facts[kind]["iterations"] == 5
+        assert facts[kind]["fit_iterations"] == 6
+        assert facts[kind]["fit_losses"][-1] < facts[kind]["fit_losses"][0]
