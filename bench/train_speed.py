@@ -13,7 +13,9 @@ rounds of its time divided by float32's time in the same round, with a 95% boots
 Variants: ``float32``; ``tf_amp`` (the default: target ``auto``); ``tf_amp_bf16`` and
 ``tf_amp_fp16`` (forced targets); ``tf_amp_O2`` (auto target, opt level O2);
 ``tf_amp_probe`` (auto target, the probe keeps ops measured slower float32);
-``tf_amp_no_pass4`` (auto target without TensorFlow's "infer follows allow" pass); Keras's
+``tf_amp_no_pass4`` (auto target without TensorFlow's "infer follows allow" pass);
+``tf_amp_guard`` (auto target with the normalization guard on, which a bfloat16 target leaves
+off by default: normalizations' cancelling sums in float32, as Keras keeps them); Keras's
 ``mixed_bfloat16`` / ``mixed_float16`` policies; TensorFlow's own Grappler pass
 ``auto_mixed_precision_onednn_bfloat16``. float16 variants are skipped on a CPU unless asked
 for: TensorFlow's CPU float16 kernels run 10x to 130x slower than float32 there (minutes per
@@ -60,6 +62,7 @@ VARIANTS: dict[str, dict[str, str]] = {
     "tf_amp_O2": {"TF_AMP_OPT_LEVEL": "O2"},
     "tf_amp_probe": {"TF_AMP_PROBE": "1"},
     "tf_amp_no_pass4": {"TF_AMP_INFER_FOLLOWS_ALLOW": "0"},
+    "tf_amp_guard": {"TF_AMP_GUARD_NORMALIZATION": "1"},
     "keras_mixed_bfloat16": {},
     "keras_mixed_float16": {},
     "tf_onednn_bf16_pass": {},
