@@ -16,9 +16,9 @@ patched right after their import, so activation at startup does not import Tenso
   ``tf_amp.Session`` and ``tf.compat.v1.InteractiveSession`` its interactive form;
   ``MonitoredSession`` / ``MonitoredTrainingSession`` / ``Supervisor`` get ``tf_amp.Session``
   from ``SessionManager`` (its module reference to ``session`` is patched);
-  ``keras.Model.compile`` installs the rewritten ``fit``/``evaluate``/``predict`` step
+  Keras's ``Trainer.compile`` (what ``keras.Model.compile`` resolves to) installs the rewritten ``fit``/``evaluate``/``predict`` step
   (:mod:`tf_amp.runtime.keras_fit`).
-* loss scaling: ``keras.Model.compile`` wraps the optimizer in ``tf_amp.LossScaleOptimizer``
+* loss scaling: the same ``compile`` patch wraps the optimizer in ``tf_amp.LossScaleOptimizer``
   (:mod:`tf_amp.runtime.auto_loss_scale_fit`); ``tf.compat.v1.train.Optimizer.minimize`` goes
   through a (cached) ``LossScaleOptimizer`` of the optimizer, and so do ``compute_gradients`` /
   ``apply_gradients`` called by user code, and ``Saver`` restores float32 checkpoints
@@ -28,7 +28,8 @@ patched right after their import, so activation at startup does not import Tenso
 
 tf_keras (Keras 2, ``TF_USE_LEGACY_KERAS=1``): once tf_keras is imported, the same halves are
 applied to it by :mod:`tf_amp.runtime.tf_keras_env` (its builders, ``compile`` and optimizers'
-``apply_gradients``), held in that module's registry and released by :func:`deactivate`.
+``apply_gradients``), held in the one patch registry under its own holder and released by
+:func:`deactivate`.
 
 Scoping: nothing changes unless activated; :func:`activated` is a context manager for tests and
 for turning it on around one region of a program.
