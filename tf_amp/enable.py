@@ -78,8 +78,9 @@ def enable_mixed_precision_graph_rewrite(
 def disable_mixed_precision_graph_rewrite() -> None:
     """Turns the process-wide rewrite flag off; optimizers already wrapped keep loss scaling.
 
-    Also removes the compile hook (on Keras's ``Trainer.compile``) that ``enable_...`` installed, so models
-    compiled afterwards stay float32 (models already compiled keep theirs until recompiled).
+    Also removes the compile hook (on Keras's ``Trainer.compile``) that ``enable_...``
+    installed, so models compiled afterwards stay float32 (models already compiled keep theirs
+    until recompiled).
     While the environment activation is on, its own hold on ``compile`` keeps the hook.
 
     Wrapped optimizers also lose their ``_tf_amp_graph_rewrite`` mark only if re-created, as in

@@ -28,9 +28,10 @@ Every painted vertex records (reason, neighbour vertex) so that the report can s
 which pass painted it and because of which neighbour.
 
 Modules: ``colours`` (colours and list categories), ``reasons``, ``eligibility`` (which nodes
-may change; with ``normalization_guard``, the cancelling sums kept float32), ``kernel_support`` (OpDef and kernel checks), ``state`` (``PaintState``,
-``Painting``), ``tensor_lists`` (pass 1 and the cluster matching), ``propagation`` (passes 2-5),
-``final_passes`` (6-8), ``pipeline`` (``Painter``, which runs them in order).
+may change; with ``normalization_guard``, the cancelling sums kept float32), ``kernel_support``
+(OpDef and kernel checks), ``state`` (``PaintState``, ``Painting``), ``tensor_lists`` (pass 1
+and the cluster matching), ``propagation`` (passes 2-5), ``final_passes`` (6-8), ``pipeline``
+(``Painter``, which runs them in order).
 """
 
 from __future__ import annotations

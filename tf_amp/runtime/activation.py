@@ -15,9 +15,9 @@ patched right after their import, so activation at startup does not import Tenso
   defined in TensorFlow's or Keras's own modules keep the original); ``tf.compat.v1.Session`` is
   ``tf_amp.Session`` and ``tf.compat.v1.InteractiveSession`` its interactive form;
   ``MonitoredSession`` / ``MonitoredTrainingSession`` / ``Supervisor`` get ``tf_amp.Session``
-  from ``SessionManager`` (its module reference to ``session`` is patched);
-  Keras's ``Trainer.compile`` (what ``keras.Model.compile`` resolves to) installs the rewritten ``fit``/``evaluate``/``predict`` step
-  (:mod:`tf_amp.runtime.keras_fit`).
+  from ``SessionManager`` (its module reference to ``session`` is patched); Keras's
+  ``Trainer.compile`` (what ``keras.Model.compile`` resolves to) installs the rewritten
+  ``fit``/``evaluate``/``predict`` step (:mod:`tf_amp.runtime.keras_fit`).
 * loss scaling: the same ``compile`` patch wraps the optimizer in ``tf_amp.LossScaleOptimizer``
   (:mod:`tf_amp.runtime.auto_loss_scale_fit`); ``tf.compat.v1.train.Optimizer.minimize`` goes
   through a (cached) ``LossScaleOptimizer`` of the optimizer, and so do ``compute_gradients`` /
