@@ -135,6 +135,29 @@ def _rename_func(func: attr_value_pb2.NameAttrList, mapping: dict[str, str]) -> 
         _rename_in_attr(attr, mapping)
 
 
+def inputs_as_placeholders(
+    graph_def: graph_pb2.GraphDef, names: Iterable[str]
+) -> graph_pb2.GraphDef:
+    """Returns a copy in which the named ``Const`` nodes are ``Placeholder`` nodes.
+
+    ``tf.function`` captures a small eager tensor as a ``Const`` node that is nonetheless one of
+    the graph's inputs, fed with the captured value on every call. The rebuilt function feeds
+    every input through its own placeholder, so the rewrite must see the capture as an input of
+    fixed dtype: left a ``Const``, it may be folded to float16 while the fed value stays float32.
+    """
+    wanted = set(names)
+    out = graph_pb2.GraphDef()
+    out.CopyFrom(graph_def)
+    for node in out.node:
+        if node.name not in wanted or node.op != "Const":
+            continue
+        shape = node.attr["value"].tensor.tensor_shape
+        node.op = "Placeholder"
+        del node.attr["value"]
+        node.attr["shape"].shape.CopyFrom(shape)
+    return out
+
+
 def strip_nodes(graph_def: graph_pb2.GraphDef, names: Iterable[str]) -> graph_pb2.GraphDef:
     """Removes the named nodes and any ``loc:@`` colocation with them.
 

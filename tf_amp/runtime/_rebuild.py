@@ -55,10 +55,13 @@ def rebuild_concrete_function(
 
     fetched = {t.op.name for t in output_tensors}
     keep = fetched | {op.name for op in control_ops} | {t.op.name for t in graph.inputs}
-    graph_def = _graphdef.inline_library(graph.as_graph_def(add_shapes=add_shapes), keep)
+    placeholder_names = [t.op.name for t in graph.inputs]
+    graph_def = _graphdef.inputs_as_placeholders(
+        graph.as_graph_def(add_shapes=add_shapes), placeholder_names
+    )
+    graph_def = _graphdef.inline_library(graph_def, keep)
     with _graphdef.naming_graph(graph.name):
         graph_def = rewrite(graph_def, frozenset(fetched))
-    placeholder_names = [t.op.name for t in graph.inputs]
     graph_def = _graphdef.strip_nodes(graph_def, placeholder_names)
     graph_def = _graphdef.rename_library_functions(graph_def)
 
