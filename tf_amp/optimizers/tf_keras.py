@@ -43,6 +43,7 @@ from tf_amp._upstream import tf_keras as upstream
 from tf_amp.loss_scale import LossScale, LossScaleState
 from tf_amp.ops import unscale_and_check_finite
 from tf_amp.optimizers import _apply_or_skip, _common, _summaries
+from tf_amp.optimizers._legacy_scale_args import LEGACY_SCALE_ARGS, legacy_loss_scale
 from tf_amp.optimizers._unscaled_marks import UnscaledMarks, current_graph
 from tf_amp.runtime import _state
 
@@ -53,7 +54,6 @@ _OPTIMIZER, _LEGACY_OPTIMIZER = upstream.optimizer_bases()
 # own dynamic loss scale uses, so its checkpoints restore the scale and counter here.
 _CHECKPOINT_NAMES = ("current_loss_scale", "good_steps", "skipped_steps", "consecutive_skips",
                      "floor_skips")
-_LEGACY_SCALE_ARGS = ("dynamic", "initial_scale", "dynamic_growth_steps")
 
 
 class _StateTrackable(tf.__internal__.tracking.AutoTrackable):
@@ -75,28 +75,6 @@ class KeepWhole:
 
     def __init__(self, value: list[Any]) -> None:
         self.value = value
-
-
-def _policy_from_args(loss_scale: Any, kwargs: dict[str, Any]) -> LossScale:
-    """``loss_scale``, or tf.keras 2.x's ``dynamic`` / ``initial_scale`` /
-    ``dynamic_growth_steps``, so code written for tf_keras's wrapper switches by its class."""
-    legacy = {k: kwargs.pop(k) for k in _LEGACY_SCALE_ARGS if k in kwargs}
-    if not legacy:
-        return loss_scale_lib.get(loss_scale)
-    if not isinstance(legacy.get("dynamic", True), bool):
-        raise TypeError(
-            f"dynamic must be True or False, got {legacy['dynamic']!r}; for a fixed scale pass "
-            "dynamic=False with initial_scale=..., or loss_scale=<number>"
-        )
-    if loss_scale != "dynamic":
-        raise ValueError(
-            f"pass either loss_scale or {sorted(legacy)}, not both (got loss_scale={loss_scale!r})"
-        )
-    if not legacy.get("dynamic", True) and legacy.get("dynamic_growth_steps") is not None:
-        raise ValueError("dynamic_growth_steps has no meaning with dynamic=False")
-    from tf_amp.optimizers._keras_config import policy_from_config
-
-    return policy_from_config(legacy)
 
 
 def _warn_never_scaled() -> None:
@@ -134,7 +112,8 @@ class _TfKerasLossScaling:
         kwargs: dict[str, Any],
     ) -> None:
         _check_inner(inner, self._legacy)
-        policy = _policy_from_args(loss_scale, kwargs)
+        # loss_scale, or tf.keras 2.x's dynamic= / initial_scale= / dynamic_growth_steps=
+        policy = loss_scale_lib.get(legacy_loss_scale(loss_scale, kwargs))
         if kwargs:
             raise TypeError(f"LossScaleOptimizer got unexpected arguments: {sorted(kwargs)}")
         if max_consecutive_skips is not None and max_consecutive_skips < 1:
@@ -343,7 +322,7 @@ class _TfKerasLossScaling:
         if isinstance(inner, dict):
             inner = upstream.deserialize_optimizer(inner, custom_objects, legacy=cls._legacy)
         if "loss_scale" in config:
-            for key in _LEGACY_SCALE_ARGS:
+            for key in LEGACY_SCALE_ARGS:
                 config.pop(key, None)
             config["loss_scale"] = loss_scale_lib.deserialize(config["loss_scale"])
         graph_rewrite = config.pop("graph_rewrite", False)
