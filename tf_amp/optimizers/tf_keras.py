@@ -39,6 +39,7 @@ from typing import Any
 import tensorflow as tf
 
 from tf_amp import loss_scale as loss_scale_lib
+from tf_amp._upstream import tensorflow as upstream_tf
 from tf_amp._upstream import tf_keras as upstream
 from tf_amp.loss_scale import LossScale, LossScaleState
 from tf_amp.ops import unscale_and_check_finite
@@ -56,7 +57,7 @@ _CHECKPOINT_NAMES = ("current_loss_scale", "good_steps", "skipped_steps", "conse
                      "floor_skips")
 
 
-class _StateTrackable(tf.__internal__.tracking.AutoTrackable):
+class _StateTrackable(upstream_tf.AutoTrackable):
     """The loss-scale variables as the ``loss_scale`` checkpoint entry, in tf_keras's names."""
 
     def __init__(self, variables: Sequence[tf.Variable]) -> None:
@@ -128,7 +129,7 @@ class _TfKerasLossScaling:
         put("_optimizer", inner)
         inner._is_wrapped_by_loss_scale_optimizer = True  # tf_keras's own wrapper then refuses it
         _common.mark_wrapped(inner, self)
-        tf.__internal__.tracking.DelegatingTrackableMixin.__init__(self, inner)
+        upstream_tf.DelegatingTrackableMixin.__init__(self, inner)
         put("_policy", policy)
         put("enabled", bool(enabled))
         put("floor_warning_skips", int(floor_warning_skips))
@@ -365,7 +366,7 @@ class TfKerasLossScaleOptimizer(_TfKerasLossScaling, _LSO_V3):
       name: the wrapper's name.
     """
 
-    @tf.__internal__.tracking.no_automatic_dependency_tracking
+    @upstream_tf.no_automatic_dependency_tracking
     def __init__(
         self,
         inner_optimizer: Any,
