@@ -88,7 +88,7 @@ def apply_gradients_patch(original: Callable[..., Any]) -> Callable[..., Any]:
     """tf_keras ``apply_gradients`` that skips the step when the scaled ``tape.gradient`` call
     that produced these gradients overflowed (nothing changes for other gradients)."""
     from tf_amp.optimizers import _apply_or_skip, _common
-    from tf_amp.optimizers.tf_keras import KeepWhole
+    from tf_amp.optimizers._apply_or_skip import KeepWhole
     from tf_amp.runtime import auto_loss_scale
 
     def apply_gradients(self: Any, grads_and_vars: Any, *args: Any, **kwargs: Any) -> Any:
