@@ -42,6 +42,11 @@ Optimizer wrappers (``tf_amp.optimizers``)
   * ``tf.__internal__.tracking.AutoTrackable`` -- the base of the checkpoint node that holds the
     loss-scale variables by field name (the public ``tf.Module`` may well write the same
     layout; not switched, so existing checkpoints keep their exact layout).
+  * ``tf.__internal__.tracking.DelegatingTrackableMixin`` and
+    ``no_automatic_dependency_tracking`` -- the tf_keras wrappers delegate their checkpoint
+    dependencies to the inner optimizer, as tf_keras's own ``LossScaleOptimizer`` (their base)
+    does, so tf.keras 2.x checkpoints keep their layout; its ``__init__`` is not run, so the
+    wrappers call the mixin's and keep their constructor's attributes out of tracking.
   * ``tf.__internal__.distribute.strategy_supports_no_merge_call`` -- whether the strategy can
     run the apply-or-skip ``tf.cond`` in the replica context, or needs ``merge_call`` (as
     Keras's own loss-scale optimizer asks).
@@ -132,6 +137,8 @@ could_possibly_record = record.could_possibly_record
 copy_handle_data = handle_data_util.copy_handle_data
 has_default_summary_writer = summary_ops_v2.has_default_writer
 AutoTrackable = tf.__internal__.tracking.AutoTrackable
+DelegatingTrackableMixin = tf.__internal__.tracking.DelegatingTrackableMixin
+no_automatic_dependency_tracking = tf.__internal__.tracking.no_automatic_dependency_tracking
 strategy_supports_no_merge_call = tf.__internal__.distribute.strategy_supports_no_merge_call
 
 

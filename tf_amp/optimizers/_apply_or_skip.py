@@ -123,6 +123,19 @@ def _keep_as_function_call(cond_output: tf.Tensor) -> None:
         op._set_attr("_lower_using_switch_merge", attr_value_pb2.AttrValue(b=False))
 
 
+class KeepWhole:
+    """Carries a variable list through ``merge_call`` / ``call_for_each_replica`` untouched.
+
+    A strategy hands each replica its own component of a mirrored *variable* passed as an
+    argument; an inner optimizer applied from :func:`apply_if_finite`'s cross-replica path must
+    get the mirrored variables themselves (tf_keras's wrapper does the same with its
+    ``_UnwrapPreventer``). Used by the tf_keras wrappers and the tf_keras environment patch.
+    """
+
+    def __init__(self, value: list[Any]) -> None:
+        self.value = value
+
+
 def apply_if_finite(
     finite: tf.Tensor,
     inner_apply: Callable[[Any, Any], Any],

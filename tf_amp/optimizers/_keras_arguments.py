@@ -1,6 +1,8 @@
 """The Keras wrapper's arguments and the attributes that belong to its inner optimizer.
 
-Constructor arguments are checked and the legacy names accepted; errors name the argument and
+Constructor arguments are checked and the legacy names accepted (read by
+:mod:`tf_amp.optimizers._legacy_scale_args`, shared with the tf_keras wrappers); errors name the
+argument and
 say what to do instead (most often: set it on the inner optimizer, which receives the unscaled
 gradients). The inner optimizer's learning rate, step counter, clipping, decay and averaging
 are read and set through the wrapper.
@@ -13,8 +15,8 @@ from typing import Any
 
 import keras
 
-from tf_amp import loss_scale as loss_scale_lib
 from tf_amp.optimizers import _common
+from tf_amp.optimizers._legacy_scale_args import legacy_loss_scale
 
 # Base-optimizer arguments that belong on the inner optimizer, not on the wrapper.
 INNER_ONLY_ARGS = {
@@ -63,42 +65,6 @@ def check_arguments(
             f"max_consecutive_skips must be None or >= 1, got {max_consecutive_skips}"
         )
     return loss_scale
-
-
-def legacy_loss_scale(loss_scale: Any, kwargs: dict[str, Any]) -> Any:
-    """Accepts the argument names of ``tf.keras.mixed_precision.LossScaleOptimizer`` (TF2) and
-    ``keras.optimizers.LossScaleOptimizer``: ``dynamic``, ``initial_scale``,
-    ``dynamic_growth_steps``, so code written for them can switch by changing the class."""
-    legacy = {
-        k: kwargs.pop(k)
-        for k in ("dynamic", "initial_scale", "dynamic_growth_steps")
-        if k in kwargs
-    }
-    if not legacy:
-        return loss_scale
-    if not isinstance(legacy.get("dynamic", True), bool):
-        raise TypeError(
-            f"dynamic must be True or False, got {legacy['dynamic']!r}; for a dynamic scale "
-            "pass dynamic=True (or loss_scale=\"dynamic\"), for a fixed one dynamic=False "
-            "with initial_scale=..."
-        )
-    if loss_scale != "dynamic":
-        raise ValueError(
-            f"pass either loss_scale or {sorted(legacy)}, not both (got loss_scale={loss_scale!r})"
-        )
-    if legacy.get("dynamic", True):
-        return loss_scale_lib.DynamicLossScale(
-            initial_scale=_or_default(legacy.get("initial_scale"), 2.0**15),
-            growth_interval=_or_default(legacy.get("dynamic_growth_steps"), 2000),
-        )
-    if legacy.get("dynamic_growth_steps") is not None:
-        raise ValueError("dynamic_growth_steps has no meaning with dynamic=False")
-    return loss_scale_lib.StaticLossScale(_or_default(legacy.get("initial_scale"), 2.0**15))
-
-
-def _or_default(value: Any, default: Any) -> Any:
-    """TF2's signature defaults these arguments to None, meaning "the default"."""
-    return default if value is None else value
 
 
 # Base-optimizer attributes read and set through the wrapper on its inner optimizer.

@@ -21,6 +21,7 @@ import keras
 
 from tf_amp import loss_scale as loss_scale_lib
 from tf_amp.loss_scale import DynamicLossScale, LossScale, StaticLossScale
+from tf_amp.optimizers._legacy_scale_args import LEGACY_SCALE_ARGS
 
 # Keys of a tf.keras 2.x optimizer config that Keras 3 optimizers refuse and that change
 # nothing about the update: dropped. (``decay`` is handled apart: non-zero changes training.)
@@ -84,11 +85,7 @@ def _without_tf_keras_only_keys(serialized: dict[str, Any]) -> dict[str, Any]:
 
 def policy_from_config(config: dict[str, Any]) -> LossScale:
     """Pops the loss-scale keys of any of the accepted forms and returns the policy."""
-    legacy = {
-        key: config.pop(key)
-        for key in ("dynamic", "initial_scale", "dynamic_growth_steps")
-        if key in config
-    }
+    legacy = {key: config.pop(key) for key in LEGACY_SCALE_ARGS if key in config}
     serialized = config.pop("loss_scale", None)
     if serialized is not None:
         return _policy_from_serialized(serialized)

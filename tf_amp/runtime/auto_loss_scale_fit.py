@@ -15,6 +15,7 @@ import keras
 
 from tf_amp.optimizers import LossScaleOptimizer, _common
 from tf_amp.runtime import settings
+from tf_amp.runtime._own_train_step import has_own_train_step
 from tf_amp.runtime.auto_loss_scale import STATE_NAME
 
 
@@ -27,7 +28,7 @@ def wrap_on_compile(model: Any, optimizer: Any) -> Any:
     (:mod:`tf_amp.runtime.auto_loss_scale`), which scale and unscale around the user's own
     ``tape.gradient`` call.
     """
-    if not settings.loss_scaling_enabled_globally() or _has_own_train_step(model):
+    if not settings.loss_scaling_enabled_globally() or has_own_train_step(model):
         return optimizer
     resolved = keras.optimizers.get(optimizer)
     if isinstance(resolved, keras.optimizers.LossScaleOptimizer):
@@ -43,11 +44,6 @@ def wrap_on_compile(model: Any, optimizer: Any) -> Any:
     # Only the state: the wrapper's own checkpoint children are the optimizer's.
     resolved._track_trackable(wrapper._state_checkpoint, STATE_NAME, overwrite=True)  # noqa: SLF001
     return wrapper
-
-
-def _has_own_train_step(model: Any) -> bool:
-    module = getattr(type(model).train_step, "__module__", "") or ""
-    return module.split(".")[0] not in ("keras", "tf_keras")
 
 
 def h5_save_patch(original: Any) -> Any:

@@ -29,6 +29,7 @@ import tensorflow as tf
 
 from tf_amp._upstream import tf_keras as upstream
 from tf_amp.runtime import tf_keras_fit
+from tf_amp.runtime._own_train_step import has_own_train_step
 
 TAG = "env"
 
@@ -46,11 +47,6 @@ def activate(*, graph_rewrite: bool, loss_scaling: bool) -> None:
 
 def deactivate() -> None:
     tf_keras_fit.unhook(TAG)
-
-
-def _has_own_train_step(model: Any) -> bool:
-    module = getattr(type(model).train_step, "__module__", "") or ""
-    return module.split(".")[0] != "tf_keras"
 
 
 def _wrapped_for_env(optimizer: Any) -> Any:
@@ -79,7 +75,7 @@ def compile_patch(original: Callable[..., Any]) -> Callable[..., Any]:
     loss-scale optimizer and adds none)."""
 
     def compile(self: Any, optimizer: Any = "rmsprop", *args: Any, **kwargs: Any) -> Any:
-        if not _has_own_train_step(self):
+        if not has_own_train_step(self):
             optimizer = _wrapped_for_env(optimizer)
         return original(self, optimizer, *args, **kwargs)
 
@@ -92,7 +88,7 @@ def apply_gradients_patch(original: Callable[..., Any]) -> Callable[..., Any]:
     """tf_keras ``apply_gradients`` that skips the step when the scaled ``tape.gradient`` call
     that produced these gradients overflowed (nothing changes for other gradients)."""
     from tf_amp.optimizers import _apply_or_skip, _common
-    from tf_amp.optimizers.tf_keras import KeepWhole
+    from tf_amp.optimizers._apply_or_skip import KeepWhole
     from tf_amp.runtime import auto_loss_scale
 
     def apply_gradients(self: Any, grads_and_vars: Any, *args: Any, **kwargs: Any) -> Any:
