@@ -3,6 +3,8 @@ and the corpus: every differing vertex has a listed reason, Casts <= TensorFlow'
 
 from __future__ import annotations
 
+import functools
+
 from tests import _oracle
 from tests._model_graphs import ModelGraph
 from tf_amp.rewriter import RewriteResult
@@ -18,6 +20,36 @@ FAST_GRAPHS = [
     "einsum_attention",
 ]
 SLOW_GRAPHS = ["mobilenet_v2"]
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_oracle_runs_pass_4() -> bool:
+    """Whether this process's TensorFlow runs pass 4 (``AddInferToAllowIfFollowAllow``: an infer
+    op fed by a half op turns half) in its float16 CPU mode, the in-process oracle.
+
+    TensorFlow 2.19 and older return from that pass unless the mode is oneDNN bfloat16
+    (``if (mode_ != AutoMixedPrecisionMode::BF16) return;``), in their CUDA and CPU modes alike;
+    2.20 runs it in every mode, as the reference (TensorFlow 2.21's GPU pass, run by the CUDA
+    build in its own venv) does. Where it is skipped, the in-process oracle is another pass than
+    the reference and cannot second it. Probed on MatMul -> BiasAdd, which only pass 4 paints.
+    """
+    import tensorflow as tf
+
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [8, 8], name="x")
+        y = tf.nn.bias_add(tf.matmul(x, tf.ones([8, 8])), tf.ones([8]), name="bias")
+        tf.identity(y, name="out")
+    out, _ = _oracle.run_tf_pass(graph.as_graph_def(), ["out"])
+    bias = next(n for n in out.node if n.name == "bias")
+    return bias.attr["T"].type == tf.float16.as_datatype_enum
+
+
+CPU_ORACLE_SKIPS_PASS_4 = (
+    "this TensorFlow's float16 CPU mode skips pass 4 (TF <= 2.19 ran it for oneDNN bfloat16 "
+    "only), so it is another pass than the reference, TF 2.21's GPU pass "
+    "(tests/test_differential_gpu.py, which still runs here)"
+)
 
 
 def summary(

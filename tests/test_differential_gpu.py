@@ -26,7 +26,13 @@ from collections.abc import Iterator
 import pytest
 
 from tests import _gpu_oracle, _model_graphs, _oracle
-from tests.differential_helpers import FAST_GRAPHS, SLOW_GRAPHS, check_default
+from tests.differential_helpers import (
+    CPU_ORACLE_SKIPS_PASS_4,
+    FAST_GRAPHS,
+    SLOW_GRAPHS,
+    check_default,
+    cpu_oracle_runs_pass_4,
+)
 from tf_amp.config import RewriteConfig
 from tf_amp.painter import CAT_CLEAR
 from tf_amp.rewriter import rewrite_graph_def
@@ -85,6 +91,7 @@ def test_default_matches_tensorflows_gpu_pass(name: str) -> None:
     check_default(f"GPU pass {name}", model, result, comparison)
 
 
+@pytest.mark.skipif(not cpu_oracle_runs_pass_4(), reason=CPU_ORACLE_SKIPS_PASS_4)
 @pytest.mark.parametrize("name", ALL)
 def test_cpu_mode_oracle_is_a_faithful_second_opinion(name: str) -> None:
     """TensorFlow's CPU mode (the in-process oracle) decides every vertex and Cast as its GPU

@@ -40,12 +40,19 @@ import pytest
 
 from tests import _model_graphs, _oracle
 from tests._oracle import _vertex_keys
-from tests.differential_helpers import FAST_GRAPHS, SLOW_GRAPHS, check_default
+from tests.differential_helpers import (
+    CPU_ORACLE_SKIPS_PASS_4,
+    FAST_GRAPHS,
+    SLOW_GRAPHS,
+    check_default,
+    cpu_oracle_runs_pass_4,
+)
 from tf_amp.config import RewriteConfig
 from tf_amp.painter import CAT_CLEAR
 from tf_amp.rewriter import rewrite_graph_def
 
 FAST, SLOW = FAST_GRAPHS, SLOW_GRAPHS
+pytestmark = pytest.mark.skipif(not cpu_oracle_runs_pass_4(), reason=CPU_ORACLE_SKIPS_PASS_4)
 
 
 _MODELS: dict[str, tuple] = {}

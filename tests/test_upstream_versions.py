@@ -32,7 +32,8 @@ def test_importing_the_upstream_doors_passes_the_check() -> None:
         ("2.18.1", "3.8.0", "TensorFlow 2.18.1 is installed"),
         ("2.22.0", "3.15.1", "TensorFlow 2.22.0 is installed"),
         ("2.22.0rc0", None, "TensorFlow 2.22.0rc0 is installed"),
-        ("2.21.0", "3.7.0", "Keras 3.7.0 is installed"),
+        ("2.21.0", "3.6.0", "Keras 3.6.0 is installed"),
+        ("2.21.0", "3.16.0", "Keras 3.16.0 is installed"),
         ("2.21.0", "4.0.0", "Keras 4.0.0 is installed"),
         ("nightly", "3.10.0", "TensorFlow nightly is installed"),
     ],
@@ -43,14 +44,14 @@ def test_an_unsupported_version_gets_one_error_naming_the_range(
     with pytest.raises(UnsupportedVersionError) as info:
         check_versions(tensorflow_version, keras_version)
     message = str(info.value)
-    assert "tf_amp supports TensorFlow >=2.19,<2.22 with Keras >=3.8,<4" in message
+    assert "tf_amp supports TensorFlow >=2.19,<2.22 with Keras >=3.7,<3.16" in message
     assert named in message
     assert versions.ENV_ALLOW_UNSUPPORTED in message  # says how to go on anyway
 
 
 @pytest.mark.parametrize(
     ("tensorflow_version", "keras_version"),
-    [("2.19.0", "3.8.0"), ("2.20.0", "3.10.0"), ("2.21.0", "3.15.1"), ("2.21.1rc1", None),
+    [("2.19.0", "3.7.0"), ("2.20.0", "3.10.0"), ("2.21.0", "3.15.1"), ("2.21.1rc1", None),
      ("2.19", "3.8")],
 )
 def test_every_release_in_the_range_passes(tensorflow_version: str, keras_version: str) -> None:
@@ -59,7 +60,7 @@ def test_every_release_in_the_range_passes(tensorflow_version: str, keras_versio
 
 def test_the_range_is_one_constant_per_upstream_and_the_error_is_an_import_error() -> None:
     assert versions.TENSORFLOW_RANGE == (">=2.19", "<2.22")
-    assert versions.KERAS_RANGE[0] == ">=3.8"
+    assert versions.KERAS_RANGE == (">=3.7", "<3.16")
     assert issubclass(UnsupportedVersionError, ImportError)
 
 

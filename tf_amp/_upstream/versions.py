@@ -23,7 +23,7 @@ from tf_amp._flags import parse_flag
 TENSORFLOW_RANGE = (">=2.19", "<2.22")
 """TensorFlow releases tf_amp is tested with (lower bound inclusive, upper exclusive)."""
 
-KERAS_RANGE = (">=3.8", "<4")
+KERAS_RANGE = (">=3.7", "<3.16")
 """Keras releases tf_amp is tested with: Keras 3, the one TensorFlow 2.16+ uses by default."""
 
 ENV_ALLOW_UNSUPPORTED = "TF_AMP_ALLOW_UNSUPPORTED_VERSIONS"

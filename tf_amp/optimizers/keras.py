@@ -213,8 +213,10 @@ class KerasLossScaleOptimizer(
             already = mark.classify(grads)
         state_vars = [v.value for v in self._state_vars]
         scale = tf.convert_to_tensor(state_vars[0])
+        # Variables Keras overwrites with their gradient (float8 scales) are no gradients to
+        # unscale. The attribute itself: Keras < 3.10 has no _overwrite_variable_with_gradient.
         raw = [
-            None if g is None or self._overwrite_variable_with_gradient(v) else g
+            None if g is None or getattr(v, "overwrite_with_gradient", False) else g
             for g, v in zip(grads, variables, strict=True)
         ]
         unscaled, finite = unscale_and_check_finite(raw, tf.constant(1.0) if already else scale)
