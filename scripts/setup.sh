@@ -5,7 +5,7 @@
 #                  wants 'tensorflow[and-cuda]==2.21.*')
 #   KERAS_PACKAGE  the Keras to install with it (default: the newest that TensorFlow accepts),
 #                  and any other requirement, space-separated; the oldest supported pair is
-#                  TF_PACKAGE='tensorflow-cpu==2.19.*' KERAS_PACKAGE='keras==3.7.0'
+#                  TF_PACKAGE='tensorflow-cpu==2.19.*' KERAS_PACKAGE='keras==3.7.0 setuptools<81'
 #                  VENV=.venv-tf219; TensorFlow 2.20 also needs 'protobuf<7' (README,
 #                  Supported versions)
 #   VENV           the virtual environment to create (default .venv)

@@ -15,9 +15,10 @@ import tensorflow as tf
 from tf_amp._upstream.keras import no_automatic_dependency_tracking
 from tf_amp.loss_scale import LossScale, LossScaleState
 from tf_amp.optimizers import _checkpoint_layout
+from tf_amp.optimizers._policy_views import PolicyViews
 
 
-class LossScaleStateOwner:
+class LossScaleStateOwner(PolicyViews):
     """Creates the state variables (one per ``LossScaleState`` field); reads and sets the
     scale, its counters and its policy."""
 
@@ -48,23 +49,6 @@ class LossScaleStateOwner:
 
     def _state(self) -> LossScaleState:
         return LossScaleState(*(v.value for v in self._state_vars))
-
-    @property
-    def loss_scale_policy(self) -> LossScale:
-        """The ``tf_amp.LossScale`` (static or dynamic) that moves the scale."""
-        return self._policy
-
-    @property
-    def dynamic(self) -> bool:
-        return self._policy.dynamic
-
-    @property
-    def initial_scale(self) -> float:
-        return self._policy.initial_scale
-
-    @property
-    def dynamic_growth_steps(self) -> int | None:
-        return getattr(self._policy, "growth_interval", None)
 
     @property
     def loss_scale(self) -> tf.Tensor:

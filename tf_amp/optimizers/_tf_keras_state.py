@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from tf_amp._upstream import tensorflow as upstream_tf
 from tf_amp.loss_scale import LossScale, LossScaleState
+from tf_amp.optimizers._policy_views import PolicyViews
 
 # Checkpoint names of the state, in LossScaleState order. The first two are the names tf_keras's
 # own dynamic loss scale uses, so its checkpoints restore the scale and counter here.
@@ -50,7 +51,7 @@ def create_state_variables(policy: LossScale) -> list[tf.Variable]:
         ]
 
 
-class TfKerasScaleState:
+class TfKerasScaleState(PolicyViews):
     """Mixin: the scale, its counters and its policy, read (and the scale set) by name."""
 
     _policy: LossScale
@@ -61,23 +62,6 @@ class TfKerasScaleState:
     @property
     def name(self) -> str:
         return self._tf_amp_name
-
-    @property
-    def loss_scale_policy(self) -> LossScale:
-        """The ``tf_amp.LossScale`` (static or dynamic) that moves the scale."""
-        return self._policy
-
-    @property
-    def dynamic(self) -> bool:
-        return self._policy.dynamic
-
-    @property
-    def initial_scale(self) -> float:
-        return self._policy.initial_scale
-
-    @property
-    def dynamic_growth_steps(self) -> int | None:
-        return getattr(self._policy, "growth_interval", None)
 
     @property
     def loss_scale(self) -> tf.Tensor:
