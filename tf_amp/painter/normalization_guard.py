@@ -17,8 +17,9 @@ sum half whenever they sit between two allow-list ops (they are infer-list ``Mul
 Measured (``bench/corpus.py``, MobileNetV2 alpha 0.35, 32x32, batch 8, 48 batches from the same
 weights): mean |first-step loss - float32's| was 0.048 painted as TensorFlow paints, 0.032 for
 Keras's ``mixed_float16``; with the guard, 0.037 (a paired gap to Keras of 0.005 remains, about
-two standard errors; over 16 batches 0.036 against 0.035). Float16 elementwise arithmetic rounds the same on a GPU as on a CPU (each op computes in
-float32 and rounds once), so the measurement holds on the GPUs float16 targets.
+two standard errors; over 16 batches 0.036 against 0.035). Float16 elementwise arithmetic
+rounds the same on a GPU as on a CPU (each op computes in float32 and rounds once), so the
+measurement holds on the GPUs float16 targets.
 
 The guard keeps exactly the two nodes that round the cancelling terms: the ``Mul`` of ``x`` by
 the rsqrt-derived scale, and the ``Add``/``AddV2`` of the shift. Everything else (the statistics
