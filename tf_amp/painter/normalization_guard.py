@@ -40,6 +40,8 @@ def normalization_sum_nodes(view: BodyView) -> frozenset[int]:
     normalization, where ``inv`` comes from an ``Rsqrt`` (optionally times a scale) and the
     shift is ``offset - mean * inv`` or ``-mean * inv`` with the same ``inv``. Matched on the
     ops, not on names: TF1 graphs and renamed scopes have the same structure."""
+    if "Rsqrt" not in view.ops:  # most bodies: skip building the producer map per edge
+        return frozenset()
     producers = _data_producers(view)
 
     def inputs(node: int) -> list[tuple[int, int]]:
