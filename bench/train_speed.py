@@ -63,6 +63,7 @@ VARIANTS: dict[str, dict[str, str]] = {
     "tf_amp_probe": {"TF_AMP_PROBE": "1"},
     "tf_amp_no_pass4": {"TF_AMP_INFER_FOLLOWS_ALLOW": "0"},
     "tf_amp_guard": {"TF_AMP_GUARD_NORMALIZATION": "1"},
+    "tf_amp_no_update_guard": {"TF_AMP_GUARD_UPDATES": "0"},
     "keras_mixed_bfloat16": {},
     "keras_mixed_float16": {},
     "tf_onednn_bf16_pass": {},

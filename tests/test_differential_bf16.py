@@ -7,7 +7,9 @@ lists are TensorFlow's oneDNN lists, and TensorFlow runs its "infer op directly 
 allow op" pass in this mode too, so with Const folding off (TensorFlow casts Consts; we fold
 them, a measured choice) every float32 vertex must get the same dtype and every Cast must match.
 (The normalization guard, ``tf_amp.painter.normalization_guard``, is a float16 default only: for
-bfloat16 it stays an option until measured faster.)
+bfloat16 it stays an option until measured faster. The update guard,
+``tf_amp.painter.update_guard``, is bfloat16's measured departure: the exact comparison turns
+it off, and a second test checks that with the defaults it is the only difference.)
 
 TensorFlow runs the pass only with its oneDNN kernels on (the suite turns them off for
 determinism, so the oracle runs in a subprocess with TensorFlow's default) and where oneDNN can
@@ -83,6 +85,7 @@ def test_bfloat16_painting_equals_tensorflows_onednn_pass(name: str, tmp_path: P
         preserve_nodes=frozenset(model.fetches),
         infer_follows_allow=True,
         fold_constant_casts=False,
+        guard_updates=False,
     )
     ours = rewrite_graph_def(model.graph_def, config).graph_def
     comparison = _oracle.compare(model.graph_def, ours, theirs)
@@ -92,3 +95,24 @@ def test_bfloat16_painting_equals_tensorflows_onednn_pass(name: str, tmp_path: P
     assert comparison.only_ours_half == []
     assert comparison.only_tf_half == []
     assert comparison.ours_casts == comparison.tf_casts
+
+
+@pytest.mark.parametrize("name", GRAPHS)
+def test_bfloat16_default_departs_only_by_the_update_guard(name: str, tmp_path: Path) -> None:
+    """With the defaults (Const folding off, to compare vertex for vertex), every vertex that
+    differs from TensorFlow's pass is update-only arithmetic TensorFlow paints bfloat16 and we
+    keep float32, and we insert no more Casts than TensorFlow."""
+    model, theirs = theirs_for(name, tmp_path)
+    config = RewriteConfig(target_dtype="bfloat16", preserve_nodes=frozenset(model.fetches),
+                           fold_constant_casts=False)
+    assert config.guards_updates
+    result = rewrite_graph_def(model.graph_def, config)
+    comparison = _oracle.compare(model.graph_def, result.graph_def, theirs)
+    buckets = _oracle.classify(result, comparison)
+    print(f"\n{name}: {len(buckets[_oracle.UPDATE_GUARD])} update-only vertices kept float32; "
+          f"casts ours {comparison.ours_casts} vs TF {comparison.tf_casts}")
+    assert comparison.only_ours_half == []
+    assert set(comparison.only_tf_half) == set(buckets[_oracle.UPDATE_GUARD])
+    assert buckets[_oracle.UPDATE_GUARD], "every test graph has an optimizer step TF paints"
+    assert comparison.ours_casts["to_half"] <= comparison.tf_casts["to_half"]
+    assert comparison.ours_casts["to_float"] <= comparison.tf_casts["to_float"]

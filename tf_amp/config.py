@@ -136,6 +136,13 @@ class RewriteConfig:
         not for bfloat16, whose reference is TensorFlow's oneDNN pass and where the guard
         adds Casts (keras_cnn: 15 to float32 against TensorFlow's 12) at a speed not yet
         measured on a CPU with AMX.
+      guard_updates: keep float32 the arithmetic whose results serve only variable updates
+        (an optimizer step, moving statistics; ``tf_amp.painter.update_guard`` says why),
+        as float32 master weights mean; never at O3. None (the default): for bfloat16,
+        where it was measured faster on a CPU (bfloat16 elementwise kernels are slower there
+        than float32's, and each painted update cast its float32 state to bfloat16); not for
+        float16, whose default is TensorFlow's GPU pass (its loss-scaled Keras steps unscale
+        into float32 before the optimizer anyway).
     """
 
     target_dtype: str = "float16"
@@ -155,6 +162,7 @@ class RewriteConfig:
     infer_follows_allow: bool = True
     probe: bool = False
     guard_normalization: bool | None = None
+    guard_updates: bool | None = None
     slow_nodes: frozenset[str] = field(default_factory=frozenset)
 
     def __post_init__(self) -> None:
@@ -192,6 +200,13 @@ class RewriteConfig:
         if self.guard_normalization is not None:
             return self.guard_normalization
         return self.target_dtype == "float16"
+
+    @property
+    def guards_updates(self) -> bool:
+        """Whether the painter keeps update-only arithmetic float32 (see the field)."""
+        if self.guard_updates is not None:
+            return self.guard_updates
+        return self.target_dtype == "bfloat16"
 
     @property
     def rewrites(self) -> bool:
@@ -241,6 +256,7 @@ class RewriteConfig:
         values["probe"] = _env_bool(env, "TF_AMP_PROBE", False)
         values["infer_follows_allow"] = _env_bool(env, "TF_AMP_INFER_FOLLOWS_ALLOW", True)
         values["guard_normalization"] = parse_flag(env, "TF_AMP_GUARD_NORMALIZATION")
+        values["guard_updates"] = parse_flag(env, "TF_AMP_GUARD_UPDATES")
         overrides = dict(overrides)
         base_lists = overrides.pop("lists", None)
         if requested == "auto":

@@ -28,7 +28,8 @@ Every painted vertex records (reason, neighbour vertex) so that the report can s
 which pass painted it and because of which neighbour.
 
 Modules: ``colours`` (colours and list categories), ``reasons``, ``eligibility`` (which nodes
-may change; with ``normalization_guard``, the cancelling sums kept float32), ``kernel_support``
+may change; with ``normalization_guard``, the cancelling sums kept float32, and with
+``update_guard``, the arithmetic that only updates variables), ``kernel_support``
 (OpDef and kernel checks), ``state`` (``PaintState``, ``Painting``), ``tensor_lists`` (pass 1
 and the cluster matching), ``propagation`` (passes 2-5), ``final_passes`` (6-8), ``pipeline``
 (``Painter``, which runs them in order).

@@ -5,7 +5,8 @@ caller preserves, an op the probe measured slower in the target, state (constant
 checkpoints, transfers), an op whose dtype is what it computes, a function call (its body is
 rewritten instead), an excluded name scope or ``_tf_amp_exclude`` attr, a node on the wrong
 device, an op TensorFlow does not know, the cancelling sum of a normalization (float16's
-default). The reason is kept per node (``node_block``, a
+default), arithmetic that only updates variables (bfloat16's default; applied by
+``PaintState``, which holds the op lists the walk needs). The reason is kept per node (``node_block``, a
 ``Block``) so the report can say it in words. Gradient ops of an excluded region are
 excluded with it.
 """
@@ -19,6 +20,7 @@ from tf_amp.lists import OpLists
 from tf_amp.painter.colours import CAT_NONE, CATEGORY_OF_LIST
 from tf_amp.painter.normalization_guard import normalization_sum_nodes
 from tf_amp.painter.reasons import Block
+from tf_amp.painter.update_guard import update_only_nodes
 from tf_amp.type_attrs import (
     EXCLUDE_NOT_READ,
     EXCLUDE_USER,
@@ -169,6 +171,30 @@ def _guard_normalization_sums(
         if node_eligible[n]:
             node_eligible[n] = 0
             node_block[n] = Block.NORMALIZATION
+
+
+def guard_variable_updates(
+    view: BodyView,
+    config: RewriteConfig,
+    lists: OpLists,
+    node_eligible: bytearray,
+    node_block: list[str],
+) -> None:
+    """Keeps float32 the arithmetic that serves only variable updates
+    (``tf_amp.painter.update_guard``). Never at O3 / UNSAFE_FORCE_ALL."""
+    forced_all = config.opt_level == "O3" or config.level == "UNSAFE_FORCE_ALL"
+    if not config.guards_updates or forced_all:
+        return
+    ops = view.ops
+    allow = lists.category
+
+    def is_allow(node: int) -> bool:
+        return allow(ops[node]) == "allow"
+
+    for n in update_only_nodes(view, is_allow):
+        if node_eligible[n]:
+            node_eligible[n] = 0
+            node_block[n] = Block.VARIABLE_UPDATE
 
 
 def _exclude_backward_of_excluded(

@@ -137,5 +137,10 @@ class Block(str, enum.Enum):
         "half rounding would give a large error; kept float32 as Keras keeps its "
         "normalization layers (tf_amp.painter.normalization_guard)",
     )
+    VARIABLE_UPDATE = (
+        "variable-update",
+        "{op} serves only variable updates (an optimizer step, moving statistics): kept "
+        "float32 like the float32 state it updates (tf_amp.painter.update_guard)",
+    )
     # _Arg / _Retval pseudo-nodes: they have no vertex, so no decision ever shows these words.
     FUNCTION_BOUNDARY = ("function-boundary", None)
