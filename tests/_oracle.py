@@ -210,7 +210,7 @@ REASONS: dict[str, str] = {
     UPDATE_GUARD: (
         "arithmetic that serves only variable updates (an optimizer step, moving statistics): "
         "kept float32 like the state it updates (tf_amp.painter.update_guard, bfloat16's "
-        "default: a BERT-like train step 2% faster on a CPU with AVX512-BF16, and the "
+        "default: a BERT-like train step 2-4% faster on a CPU with AVX512-BF16, and the "
         "optimizer's moments no longer read through bfloat16); TensorFlow paints it half "
         "by its pass 4 when the gradient comes out of a half op"
     ),
