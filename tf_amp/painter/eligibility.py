@@ -6,9 +6,9 @@ checkpoints, transfers), an op whose dtype is what it computes, a function call 
 rewritten instead), an excluded name scope or ``_tf_amp_exclude`` attr, a node on the wrong
 device, an op TensorFlow does not know, the cancelling sum of a normalization (float16's
 default), arithmetic that only updates variables (bfloat16's default; applied by
-``PaintState``, which holds the op lists the walk needs). The reason is kept per node (``node_block``, a
-``Block``) so the report can say it in words. Gradient ops of an excluded region are
-excluded with it.
+``PaintState``, which holds the op lists the walk needs). The reason is kept per node
+(``node_block``, a ``Block``) so the report can say it in words. Gradient ops of an excluded
+region are excluded with it.
 """
 
 from __future__ import annotations

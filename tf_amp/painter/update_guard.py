@@ -47,22 +47,10 @@ _UPDATE_PREFIXES: tuple[str, ...] = (
     "SparseApply",
 )
 # Reductions: their output is smaller than their input, so the cast belongs after them.
+# (Segment sums are not among them: densifying an embedding's gradient, their output is the
+# whole table, bigger than the gathered rows that come in.)
 _REDUCTIONS: frozenset[str] = frozenset(
-    {
-        "BiasAddGrad",
-        "Sum",
-        "Mean",
-        "Prod",
-        "Max",
-        "Min",
-        "EuclideanNorm",
-        "UnsortedSegmentSum",
-        "SegmentSum",
-        "SparseSegmentSum",
-        "SparseSegmentMean",
-        "SparseSegmentSqrtN",
-        "L2Loss",
-    }
+    {"BiasAddGrad", "Sum", "Mean", "Prod", "Max", "Min", "EuclideanNorm", "L2Loss"}
 )
 
 
