@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -134,7 +136,9 @@ def test_keras_optimizer_step_and_moving_statistics_stay_float32() -> None:
     assert any(off[name].attr["T"].type == BF16 for name in guarded)
     consumed = {i.split(":")[0].lstrip("^") for n in result.graph_def.node for i in n.input}
     # (the optimizer's dead-end Identity of each gradient, read by nothing, is not its step)
-    optimizer_ops = [n for n in result.graph_def.node if n.name.lower().startswith("sgd/")
+    # the optimizer's scope: "sgd/", "SGD/" (older Keras) or "sgd_1/" (a second SGD in the process)
+    in_optimizer = re.compile(r"sgd(_\d+)?/", re.IGNORECASE).match
+    optimizer_ops = [n for n in result.graph_def.node if in_optimizer(n.name)
                      and n.name in consumed and n.op not in ("Cast", "Const")]
     assert optimizer_ops
     assert all(n.attr["T"].type != BF16 for n in optimizer_ops)

@@ -19,6 +19,8 @@ Environment variables read by ``from_env``:
 - ``TF_AMP_EXCLUDE_SCOPES``: comma-separated name scopes kept in float32;
 - ``TF_AMP_INFER_FOLLOWS_ALLOW``: 1 (default) | 0 (TensorFlow's pass 4 off; see the field);
 - ``TF_AMP_PROBE``: 1 | 0 (time the allow/infer ops at their shapes first: ``tf_amp.probe``);
+- ``TF_AMP_GUARD_NORMALIZATION``, ``TF_AMP_GUARD_UPDATES``: 1 | 0 (unset: the target's default;
+  see the fields);
 - ``TF_AMP_CHECK_KERNELS``: 1 | 0 (0 = trust the OpDef, for GPU-targeted rewriting on a
   machine whose TensorFlow has no GPU kernels).
 """
@@ -33,7 +35,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from tf_amp import hardware
-from tf_amp._flags import parse_flag
+from tf_amp._flags import flag_or, parse_choice, parse_flag
 from tf_amp.lists import LEVEL_ENV, LEVELS, OpLists, split_op_names
 
 OPT_LEVELS: tuple[str, ...] = ("O0", "O1", "O2", "O3")
@@ -236,15 +238,15 @@ class RewriteConfig:
         """
         env = os.environ if environ is None else environ
         values: dict[str, Any] = {}
-        requested = overrides.get("target_dtype") or _env_choice(
+        requested = overrides.get("target_dtype") or parse_choice(
             env, "TF_AMP_TARGET_DTYPE", TARGET_DTYPES, "auto"
         )
         values["target_dtype"] = requested
-        values["opt_level"] = _env_choice(env, "TF_AMP_OPT_LEVEL", OPT_LEVELS, "O1", upper=True)
-        values["eligible_devices"] = _env_choice(
+        values["opt_level"] = parse_choice(env, "TF_AMP_OPT_LEVEL", OPT_LEVELS, "O1", upper=True)
+        values["eligible_devices"] = parse_choice(
             env, "TF_AMP_ELIGIBLE_DEVICES", ELIGIBLE_DEVICES, "all"
         )
-        values["level"] = _env_choice(env, LEVEL_ENV, LEVELS, "", upper=True)
+        values["level"] = parse_choice(env, LEVEL_ENV, LEVELS, "", upper=True)
         for var in LOG_PATH_ENVS:
             if env.get(var, "").strip():
                 values["log_dir"] = env[var].strip()
@@ -252,9 +254,9 @@ class RewriteConfig:
         scopes = split_op_names(env.get("TF_AMP_EXCLUDE_SCOPES", ""))
         if scopes:
             values["exclude_scopes"] = tuple(scopes)
-        values["check_kernels"] = _env_bool(env, "TF_AMP_CHECK_KERNELS", True)
-        values["probe"] = _env_bool(env, "TF_AMP_PROBE", False)
-        values["infer_follows_allow"] = _env_bool(env, "TF_AMP_INFER_FOLLOWS_ALLOW", True)
+        values["check_kernels"] = flag_or(env, "TF_AMP_CHECK_KERNELS", True)
+        values["probe"] = flag_or(env, "TF_AMP_PROBE", False)
+        values["infer_follows_allow"] = flag_or(env, "TF_AMP_INFER_FOLLOWS_ALLOW", True)
         values["guard_normalization"] = parse_flag(env, "TF_AMP_GUARD_NORMALIZATION")
         values["guard_updates"] = parse_flag(env, "TF_AMP_GUARD_UPDATES")
         overrides = dict(overrides)
@@ -290,21 +292,3 @@ def _check_choice(name: str, value: object, choices: Iterable[str]) -> None:
     choices = tuple(choices)
     if value not in choices:
         raise ValueError(f"{name} must be one of {choices}, got {value!r}")
-
-
-def _env_choice(
-    env: Mapping[str, str], var: str, choices: tuple[str, ...], default: str, upper: bool = False
-) -> str:
-    raw = env.get(var, "").strip()
-    if not raw:
-        return default
-    value = raw.upper() if upper else raw.lower()
-    if value not in choices:
-        shown = [c for c in choices if c]
-        raise ValueError(f"{var}={raw!r} is not understood; use one of {shown}")
-    return value
-
-
-def _env_bool(env: Mapping[str, str], var: str, default: bool) -> bool:
-    value = parse_flag(env, var)
-    return default if value is None else value
