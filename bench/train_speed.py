@@ -15,7 +15,9 @@ Variants: ``float32``; ``tf_amp`` (the default: target ``auto``); ``tf_amp_bf16`
 ``tf_amp_probe`` (auto target, the probe keeps ops measured slower float32);
 ``tf_amp_no_pass4`` (auto target without TensorFlow's "infer follows allow" pass);
 ``tf_amp_guard`` (auto target with the normalization guard on, which a bfloat16 target leaves
-off by default: normalizations' cancelling sums in float32, as Keras keeps them); Keras's
+off by default: normalizations' cancelling sums in float32, as Keras keeps them);
+``tf_amp_no_update_guard`` (auto target with the update guard off, which bfloat16 turns on:
+the optimizer's arithmetic painted as TensorFlow's pass paints it); Keras's
 ``mixed_bfloat16`` / ``mixed_float16`` policies; TensorFlow's own Grappler pass
 ``auto_mixed_precision_onednn_bfloat16``. float16 variants are skipped on a CPU unless asked
 for: TensorFlow's CPU float16 kernels run 10x to 130x slower than float32 there (minutes per
