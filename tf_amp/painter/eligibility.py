@@ -185,13 +185,7 @@ def guard_variable_updates(
     forced_all = config.opt_level == "O3" or config.level == "UNSAFE_FORCE_ALL"
     if not config.guards_updates or forced_all:
         return
-    ops = view.ops
-    allow = lists.category
-
-    def is_allow(node: int) -> bool:
-        return allow(ops[node]) == "allow"
-
-    for n in update_only_nodes(view, is_allow):
+    for n in update_only_nodes(view, lists.allow):
         if node_eligible[n]:
             node_eligible[n] = 0
             node_block[n] = Block.VARIABLE_UPDATE

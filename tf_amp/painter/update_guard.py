@@ -21,7 +21,7 @@ its consumers decided).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Collection
 
 from tf_amp.type_attrs import BodyView
 
@@ -59,39 +59,37 @@ def is_variable_update(op: str) -> bool:
     return op in _UPDATE_OPS or op.startswith(_UPDATE_PREFIXES)
 
 
-def update_only_nodes(view: BodyView, is_allow: Callable[[int], bool]) -> frozenset[int]:
+def update_only_nodes(view: BodyView, allow_ops: Collection[str]) -> frozenset[int]:
     """Indices of the real nodes of ``view`` whose results serve only variable updates.
 
-    ``is_allow(node)``: the node's op is on the allow list (never guarded). A node qualifies
-    when it has at least one data consumer and each of them is a variable update or a
-    qualifying node; it is not an allow-list op, a reduction, or itself an update.
+    ``allow_ops``: the allow-list op names (never guarded). A node qualifies when it has at
+    least one data consumer and each of them is a variable update or a qualifying node; it is
+    not an allow-list op, a reduction, or itself an update. One pass over the edges, then a
+    walk over the qualifying nodes only (decisions cached per op type).
     """
     num_real = view.num_real
     ops = view.ops
-    if not any(is_variable_update(op) for op in ops[:num_real]):
+    ready = [n for n in range(num_real) if is_variable_update(ops[n])]
+    if not ready:
         return frozenset()
     undecided = [0] * len(view.names)  # data consumers not yet known to be update-only
-    producers: list[list[int]] = [[] for _ in range(len(view.names))]
+    producers: dict[int, list[int]] = {}
     for src, dst in zip(view.e_src, view.e_dst, strict=True):
         undecided[src] += 1
-        producers[dst].append(src)
-    ready = [n for n in range(num_real) if is_variable_update(ops[n])]
+        producers.setdefault(dst, []).append(src)
+    walkable: dict[str, bool] = {}  # per op type: may a node of it be guarded
     guarded: set[int] = set()
     while ready:
-        node = ready.pop()
-        for src in producers[node]:
+        for src in producers.get(ready.pop(), ()):
             undecided[src] -= 1
-            if undecided[src] == 0 and _may_guard(src, num_real, ops, is_allow):
+            if undecided[src] or src >= num_real:
+                continue
+            op = ops[src]
+            may = walkable.get(op)
+            if may is None:
+                may = op not in _REDUCTIONS and op not in allow_ops and not is_variable_update(op)
+                walkable[op] = may
+            if may:
                 guarded.add(src)
                 ready.append(src)
     return frozenset(guarded)
-
-
-def _may_guard(node: int, num_real: int, ops: list[str], is_allow: Callable[[int], bool]) -> bool:
-    op = ops[node]
-    return (
-        node < num_real
-        and op not in _REDUCTIONS
-        and not is_variable_update(op)
-        and not is_allow(node)
-    )
