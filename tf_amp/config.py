@@ -199,16 +199,19 @@ class RewriteConfig:
     @property
     def guards_normalization(self) -> bool:
         """Whether the painter keeps normalizations' cancelling sums float32 (see the field)."""
-        if self.guard_normalization is not None:
-            return self.guard_normalization
-        return self.target_dtype == "float16"
+        return self._guard_on(self.guard_normalization, default_for="float16")
 
     @property
     def guards_updates(self) -> bool:
         """Whether the painter keeps update-only arithmetic float32 (see the field)."""
-        if self.guard_updates is not None:
-            return self.guard_updates
-        return self.target_dtype == "bfloat16"
+        return self._guard_on(self.guard_updates, default_for="bfloat16")
+
+    def _guard_on(self, asked: bool | None, default_for: str) -> bool:
+        """A guard's setting: never at O3 / UNSAFE_FORCE_ALL, which ask for every op; else
+        as ``asked``, or (None) on for the one target it was measured to help."""
+        if self.opt_level == "O3" or self.level == "UNSAFE_FORCE_ALL":
+            return False
+        return asked if asked is not None else self.target_dtype == default_for
 
     @property
     def rewrites(self) -> bool:

@@ -5,10 +5,9 @@ caller preserves, an op the probe measured slower in the target, state (constant
 checkpoints, transfers), an op whose dtype is what it computes, a function call (its body is
 rewritten instead), an excluded name scope or ``_tf_amp_exclude`` attr, a node on the wrong
 device, an op TensorFlow does not know, the cancelling sum of a normalization (float16's
-default), arithmetic that only updates variables (bfloat16's default; applied by
-``PaintState``, which holds the op lists the walk needs). The reason is kept per node
-(``node_block``, a ``Block``) so the report can say it in words. Gradient ops of an excluded
-region are excluded with it.
+default), arithmetic that only updates variables (bfloat16's default). The reason is kept per
+node (``node_block``, a ``Block``) so the report can say it in words. Gradient ops of an
+excluded region are excluded with it.
 """
 
 from __future__ import annotations
@@ -103,6 +102,7 @@ def list_categories(view: BodyView, lists: OpLists) -> bytearray:
 def node_eligibility(
     view: BodyView,
     config: RewriteConfig,
+    lists: OpLists,
     preserve: frozenset[str],
     slow: frozenset[str],
 ) -> tuple[bytearray, list[str]]:
@@ -153,6 +153,7 @@ def node_eligibility(
             node_eligible[n] = 1
     _exclude_backward_of_excluded(view, node_eligible, node_block)
     _guard_normalization_sums(view, config, node_eligible, node_block)
+    _guard_variable_updates(view, config, lists, node_eligible, node_block)
     for n in range(view.num_real, len(view.names)):
         node_block[n] = Block.FUNCTION_BOUNDARY
     return node_eligible, node_block
@@ -162,10 +163,8 @@ def _guard_normalization_sums(
     view: BodyView, config: RewriteConfig, node_eligible: bytearray, node_block: list[str]
 ) -> None:
     """Keeps float32 the ``x * inv + shift`` of each normalization
-    (``tf_amp.painter.normalization_guard``): its half rounding cancels to a large error.
-    Never at O3 / UNSAFE_FORCE_ALL, which ask for every op."""
-    forced_all = config.opt_level == "O3" or config.level == "UNSAFE_FORCE_ALL"
-    if not config.guards_normalization or forced_all:
+    (``tf_amp.painter.normalization_guard``): its half rounding cancels to a large error."""
+    if not config.guards_normalization:
         return
     for n in normalization_sum_nodes(view):
         if node_eligible[n]:
@@ -173,7 +172,7 @@ def _guard_normalization_sums(
             node_block[n] = Block.NORMALIZATION
 
 
-def guard_variable_updates(
+def _guard_variable_updates(
     view: BodyView,
     config: RewriteConfig,
     lists: OpLists,
@@ -181,9 +180,8 @@ def guard_variable_updates(
     node_block: list[str],
 ) -> None:
     """Keeps float32 the arithmetic that serves only variable updates
-    (``tf_amp.painter.update_guard``). Never at O3 / UNSAFE_FORCE_ALL."""
-    forced_all = config.opt_level == "O3" or config.level == "UNSAFE_FORCE_ALL"
-    if not config.guards_updates or forced_all:
+    (``tf_amp.painter.update_guard``)."""
+    if not config.guards_updates:
         return
     for n in update_only_nodes(view, lists.allow):
         if node_eligible[n]:

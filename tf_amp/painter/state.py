@@ -13,11 +13,7 @@ from dataclasses import dataclass, field
 
 from tf_amp.config import RewriteConfig
 from tf_amp.lists import OpLists
-from tf_amp.painter.eligibility import (
-    guard_variable_updates,
-    list_categories,
-    node_eligibility,
-)
+from tf_amp.painter.eligibility import list_categories, node_eligibility
 from tf_amp.painter.kernel_support import HalfSupport
 from tf_amp.painter.reasons import Reason
 from tf_amp.type_attrs import DT_BFLOAT16, DT_HALF, BodyView
@@ -67,8 +63,9 @@ class PaintState:
         self.counts: dict[str, int] = {}
         self.cat = list_categories(view, lists)
         # slow: nodes measured slower in the target (tf_amp.probe), kept float32
-        self.node_eligible, self.node_block = node_eligibility(view, config, preserve, slow)
-        guard_variable_updates(view, config, lists, self.node_eligible, self.node_block)
+        self.node_eligible, self.node_block = node_eligibility(
+            view, config, lists, preserve, slow
+        )
         self.half = HalfSupport(view, config, self.target)
 
     def can_paint(self, v: int) -> bool:
