@@ -20,85 +20,14 @@ around an optimizer step painted bfloat16.
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
-import re
-import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
 
-_SUFFIX = re.compile(r"_\d+(?=/|$)")
-# Trace events that are not one node's run: the whole function call and the executor's loop.
-_NOT_NODES = frozenset({"Process", "Run"})
-
-_CHILD = """
-import json, os, sys, time
-sys.path.insert(0, sys.argv[1])
-import train_speed
-model_name, variant, logdir, steps = sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
-os.environ.update(train_speed.VARIANTS[variant])
-import tensorflow as tf
-model, x, y = train_speed.prepare(model_name, variant)
-for _ in range(3):
-    model.train_on_batch(x, y)
-start = time.perf_counter()
-for _ in range(steps):
-    model.train_on_batch(x, y)
-step_s = (time.perf_counter() - start) / steps
-tf.profiler.experimental.start(logdir)
-for _ in range(steps):
-    model.train_on_batch(x, y)
-tf.profiler.experimental.stop()
-print("STEP", step_s)
-"""
-
-
-def trace_variant(model: str, variant: str, steps: int, logdir: str) -> float:
-    """Runs ``variant`` in a subprocess and leaves its trace in ``logdir``; the step time."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(here), env.get("PYTHONPATH", "")])
-    proc = subprocess.run(
-        [sys.executable, "-c", _CHILD, here, model, variant, logdir, str(steps)],
-        env=env, capture_output=True, text=True, timeout=1800,
-    )
-    match = re.search(r"^STEP (\S+)$", proc.stdout, re.MULTILINE)
-    if proc.returncode != 0 or match is None:
-        raise RuntimeError(f"{variant}: {proc.stderr[-2000:]}")
-    return float(match.group(1))
-
-
-def node_times(logdir: str, steps: int) -> tuple[Counter, Counter, Counter]:
-    """(ms per step by op type, runs per step by op type, ms per step by (op type, node))."""
-    from tensorflow.tsl.profiler.protobuf import xplane_pb2
-
-    paths = sorted(glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True))
-    if not paths:
-        raise RuntimeError(f"no profiler trace under {logdir}")
-    space = xplane_pb2.XSpace()
-    with open(paths[-1], "rb") as trace:
-        space.ParseFromString(trace.read())
-    by_op: Counter = Counter()
-    runs: Counter = Counter()
-    by_node: Counter = Counter()
-    for plane in space.planes:
-        metadata = plane.event_metadata
-        for line in plane.lines:
-            for event in line.events:
-                name = metadata[event.metadata_id].name
-                node, _, op = name.rpartition(":")
-                if not node or not op or " " in op or op in _NOT_NODES:
-                    continue
-                ms = event.duration_ps / 1e9 / steps
-                by_op[op] += ms
-                runs[op] += 1
-                by_node[(op, _SUFFIX.sub("", node))] += ms
-    for op in runs:
-        runs[op] //= steps
-    return by_op, runs, by_node
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _trace import node_times, trace_variant  # noqa: E402
 
 
 def main() -> int:

@@ -24,9 +24,10 @@ for: TensorFlow's CPU float16 kernels run 10x to 130x slower than float32 there 
 step on ResNet-50).
 
 Also printed per model:
-- the Amdahl limit: the allow-list ops of the float32 step timed alone at their shapes
-  (``tf_amp.probe``) in float32 and in bfloat16; if they are a fraction f of the step and run
-  s times faster, no rewrite of them can beat a ratio of (1 - f) + f / s;
+- the Amdahl limit: if the allow-list ops are a fraction f of the float32 step (their kernels'
+  time in a profiler trace of the step, over all kernels' time) and run s times faster in
+  bfloat16 (each timed alone at its shapes by ``tf_amp.probe``), no rewrite of them can beat a
+  ratio of (1 - f) + f / s;
 - proof that reduced precision ran: oneDNN's primitives per data type in one step of each
   variant, from ``ONEDNN_VERBOSE=1`` (a separate short run, so the log does not slow the timed
   ones);
@@ -42,12 +43,14 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _stats import median_ci, verdict  # noqa: E402
+from _trace import node_times, op_time_share, trace_variant  # noqa: E402
 
 MODELS: dict[str, dict[str, Any]] = {
     # name: batch, steps per round
@@ -251,8 +254,15 @@ def onednn_proof(model_name: str, variant: str) -> dict[str, int]:
     return dict(counts)
 
 
-def amdahl_limit(model_name: str, step_seconds: float) -> dict[str, float] | None:
-    """The allow-list ops of the float32 train step timed alone, float32 vs bfloat16."""
+def amdahl_limit(model_name: str) -> dict[str, float] | None:
+    """The best ratio to float32 a rewrite of the allow-list ops alone could reach.
+
+    Their share f of the float32 step comes from a profiler trace of that step (their kernels'
+    time over all kernels' time, both summed over threads: comparing alone-times with the
+    step's wall time overcounts on a machine where the step runs ops side by side); their
+    speed-up s, from timing each one alone at its shapes in float32 and in bfloat16
+    (``tf_amp.probe``). The limit is (1 - f) + f / s.
+    """
     import keras
     import tensorflow as tf
 
@@ -263,7 +273,7 @@ def amdahl_limit(model_name: str, step_seconds: float) -> dict[str, float] | Non
     optimizer = keras.optimizers.Adam(LEARNING_RATE)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
-    @tf.function
+    @tf.function(autograph=False)  # no Python control flow to convert
     def step(x: Any, y: Any) -> Any:
         with tf.GradientTape() as tape:
             loss = loss_fn(y, model(x, training=True))
@@ -277,9 +287,13 @@ def amdahl_limit(model_name: str, step_seconds: float) -> dict[str, float] | Non
     timings = probe.probe_graph(graph_def, "bfloat16", allow, repeats=3)
     f32 = sum(t.float32_s * len(t.nodes) for t in timings)
     bf16 = sum(t.reduced_s * len(t.nodes) for t in timings)
-    if not f32:
+    with tempfile.TemporaryDirectory() as logdir:
+        steps = 3
+        trace_variant(model_name, "float32", steps, logdir)
+        allow_ms, total_ms = op_time_share(node_times(logdir, steps)[0], lists.category)
+    if not f32 or not total_ms:
         return None
-    fraction = min(1.0, f32 / step_seconds)
+    fraction = allow_ms / total_ms
     return {"fraction": fraction, "speedup": f32 / bf16,
             "limit": (1 - fraction) + fraction * bf16 / f32}
 
@@ -293,10 +307,11 @@ def run_model(model_name: str, variants: list[str], rounds: int, proof: bool) ->
     result = time_variants(model_name, variants, rounds)
     rows = result["variants"]
     base = rows["float32"]
-    limit = amdahl_limit(model_name, base["step_s"]) if "float32" in rows else None
+    limit = amdahl_limit(model_name) if "float32" in rows else None
     if limit:
-        print(f"Amdahl limit: allow-list ops are {limit['fraction']:.0%} of the float32 step "
-              f"and {limit['speedup']:.2f}x faster in bfloat16 alone: ratio >= "
+        print(f"Amdahl limit: allow-list ops are {limit['fraction']:.0%} of the float32 step's "
+              f"kernel time (profiler trace) and {limit['speedup']:.2f}x faster in bfloat16 "
+              f"alone: ratio >= "
               f"{limit['limit']:.2f} if only they gained (elementwise ops moving half the "
               "bytes can take a variant past it)")
     print(f"{'variant':<24} {'step':>9} {'ratio to float32 [95% CI]':>28} {'of limit':>9} "
