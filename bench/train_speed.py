@@ -4,10 +4,14 @@ Per model, each variant trains the same model (same initial weights, same batch)
 process, and the processes take turns: in every round each variant runs the same number of
 train steps, in a rotated order, while the others wait. A variant's figure is the median over
 rounds of its time divided by float32's time in the same round, with a 95% bootstrap interval
-(these machines are shared and noisy: only paired figures mean anything).
+(these machines are shared and noisy: only paired figures mean anything). One process can be
+steadily a few percent slower than another running the same thing; ``--processes N`` runs the
+rounds in N fresh sets of processes and pools the paired ratios, so such a bias averages out.
 
     python bench/train_speed.py                     # every model, default rounds
     python bench/train_speed.py --models mlp,digits --rounds 7
+    python bench/train_speed.py --models bert --variants tf_amp,keras_mixed_bfloat16 \
+        --rounds 5 --processes 4 --no-proof     # a peer comparison resolved past the noise
     python bench/train_speed.py --float16           # also time float16 on a CPU (slow!)
 
 Variants: ``float32``; ``tf_amp`` (the default: target ``auto``); ``tf_amp_bf16`` and
@@ -19,7 +23,9 @@ off by default: normalizations' cancelling sums in float32, as Keras keeps them)
 ``tf_amp_no_update_guard`` (auto target with the update guard off, which bfloat16 turns on:
 the optimizer's arithmetic painted as TensorFlow's pass paints it); Keras's
 ``mixed_bfloat16`` / ``mixed_float16`` policies; TensorFlow's own Grappler pass
-``auto_mixed_precision_onednn_bfloat16``. float16 variants are skipped on a CPU unless asked
+``auto_mixed_precision_onednn_bfloat16``; ``float32_again`` (only when asked for: a second
+float32 process, whose ratio to the first shows how far apart two runs of the same thing
+land). float16 variants are skipped on a CPU unless asked
 for: TensorFlow's CPU float16 kernels run 10x to 130x slower than float32 there (minutes per
 step on ResNet-50).
 
@@ -72,7 +78,9 @@ VARIANTS: dict[str, dict[str, str]] = {
     "keras_mixed_bfloat16": {},
     "keras_mixed_float16": {},
     "tf_onednn_bf16_pass": {},
+    "float32_again": {},  # a second float32 process: the noise floor of a ratio (A/A)
 }
+NOT_BY_DEFAULT = ("float32_again",)
 FLOAT16_VARIANTS = ("tf_amp_fp16", "keras_mixed_float16")
 # Small enough that no model fits its one batch within a bench run: the final losses compare.
 LEARNING_RATE = 1e-5
@@ -184,11 +192,16 @@ def _worker(model_name: str, variant: str, env: dict[str, str], conn: Any) -> No
         conn.send(("error", f"{type(error).__name__}: {error}"))
 
 
-def time_variants(model_name: str, variants: list[str], rounds: int) -> dict[str, Any]:
-    """Paired, interleaved rounds; returns per variant the ratios to float32 and final loss."""
+def _process_set(model_name: str, variants: list[str], rounds: int, first: int) -> dict[str, Any]:
+    """One process per variant, ``rounds`` interleaved rounds; step times and final losses.
+
+    ``first`` rotates the order in which the processes start and take turns, so that across
+    process sets no variant is always first (or always built into a fresh machine's memory).
+    """
     ctx = mp.get_context("spawn")
+    order = variants[first % len(variants):] + variants[: first % len(variants)]
     workers = {}
-    for variant in variants:
+    for variant in order:
         parent, child = ctx.Pipe()
         process = ctx.Process(target=_worker, args=(model_name, variant, VARIANTS[variant],
                                                     child), daemon=True)
@@ -217,6 +230,29 @@ def time_variants(model_name: str, variants: list[str], rounds: int) -> dict[str
     for process, conn in workers.values():
         conn.send(None)
         process.join(timeout=30)
+    return {"times": times, "losses": losses, "failed": failed}
+
+
+def time_variants(model_name: str, variants: list[str], rounds: int,
+                  processes: int = 1) -> dict[str, Any]:
+    """Paired, interleaved rounds; returns per variant the ratios to float32 and final loss.
+
+    Why ``processes``: on a shared virtual machine one process of a variant can run steadily a
+    few percent slower than another process of the same variant (memory placement,
+    neighbours), a bias that more rounds in the same processes do not average out. Each of
+    ``processes`` fresh sets of processes runs ``rounds`` rounds; the ratios, paired within a
+    round, are pooled.
+    """
+    times: dict[str, list[float]] = {}
+    losses: dict[str, float] = {}
+    failed: dict[str, str] = {}
+    for index in range(processes):
+        one = _process_set(model_name, [v for v in variants if v not in failed], rounds, index)
+        failed.update(one["failed"])
+        losses.update(one["losses"])
+        for variant, values in one["times"].items():
+            times.setdefault(variant, []).extend(values)
+    times = {v: t for v, t in times.items() if v not in failed}
     base = times.get("float32")
     result: dict[str, Any] = {"failed": failed, "variants": {}}
     for variant, values in times.items():
@@ -301,10 +337,12 @@ def amdahl_limit(model_name: str) -> dict[str, float] | None:
 # --------------------------------------------------------------------------- report
 
 
-def run_model(model_name: str, variants: list[str], rounds: int, proof: bool) -> None:
+def run_model(model_name: str, variants: list[str], rounds: int, processes: int,
+              proof: bool) -> None:
     print(f"\n=== {model_name} (batch {MODELS[model_name]['batch']}, "
-          f"{MODELS[model_name]['steps']} steps per round, {rounds} rounds)", flush=True)
-    result = time_variants(model_name, variants, rounds)
+          f"{MODELS[model_name]['steps']} steps per round, {rounds} rounds x {processes} "
+          "process sets)", flush=True)
+    result = time_variants(model_name, variants, rounds, processes)
     rows = result["variants"]
     base = rows["float32"]
     limit = amdahl_limit(model_name) if "float32" in rows else None
@@ -329,7 +367,7 @@ def run_model(model_name: str, variants: list[str], rounds: int, proof: bool) ->
         low, high = rows["tf_amp"]["ratio"][1:]
         print(f"tf_amp default never slower than float32 (ratio <= 1): {verdict(low, high, 1.0)}")
         ours = rows["tf_amp"]["times"]
-        for peer in (v for v in rows if v != "float32" and not v.startswith("tf_amp")):
+        for peer in (v for v in rows if not v.startswith(("float32", "tf_amp"))):
             paired = [a / b for a, b in zip(ours, rows[peer]["times"], strict=True)]
             mid, low, high = median_ci(paired)
             print(f"tf_amp default / {peer} (paired per round; goal <= 1): {mid:.2f} "
@@ -346,8 +384,11 @@ def run_model(model_name: str, variants: list[str], rounds: int, proof: bool) ->
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default=",".join(MODELS))
-    parser.add_argument("--variants", default=",".join(VARIANTS))
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--variants",
+                        default=",".join(v for v in VARIANTS if v not in NOT_BY_DEFAULT))
+    parser.add_argument("--rounds", type=int, default=5, help="rounds per process set")
+    parser.add_argument("--processes", type=int, default=1,
+                        help="fresh sets of processes, their paired ratios pooled")
     parser.add_argument("--float16", action="store_true", help="time float16 on a CPU too")
     parser.add_argument("--no-proof", action="store_true", help="skip the ONEDNN_VERBOSE runs")
     args = parser.parse_args()
@@ -370,7 +411,7 @@ def main() -> int:
         if name not in MODELS:
             parser.error(f"unknown model {name!r}; choose from {sorted(MODELS)}")
         run_model(name, ["float32"] + [v for v in variants if v != "float32"], args.rounds,
-                  not args.no_proof)
+                  args.processes, not args.no_proof)
     return 0
 
 
