@@ -46,15 +46,14 @@ import argparse
 import json
 import multiprocessing as mp
 import os
-import re
 import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _onednn import executed_primitives  # noqa: E402
 from _stats import median_ci, verdict  # noqa: E402
 from _trace import node_times, op_time_share, trace_variant  # noqa: E402
 
@@ -280,14 +279,7 @@ def onednn_proof(model_name: str, variant: str) -> dict[str, int]:
     here = os.path.dirname(os.path.abspath(__file__))
     proc = subprocess.run([sys.executable, "-c", code, here, model_name, variant], env=env,
                           capture_output=True, text=True, timeout=1800)
-    step = proc.stdout.split("=== STEP", 1)[-1]
-    counts: Counter[str] = Counter()
-    for line in step.splitlines():
-        fields = line.split(",")
-        if line.startswith("onednn_verbose") and len(fields) > 8 and fields[3] == "exec":
-            dtype = re.search(r"src\w*:(\w+?)::", fields[8])  # the source's data type
-            counts[f"{fields[5]}:{dtype.group(1) if dtype else '?'}"] += 1
-    return dict(counts)
+    return dict(executed_primitives(proc.stdout.split("=== STEP", 1)[-1]))
 
 
 def amdahl_limit(model_name: str) -> dict[str, float] | None:

@@ -6,14 +6,19 @@ machine, not on the model:
 * **CUDA GPU**: float16 (Tensor Cores; the NVIDIA recipe, loss scaling on).
 * **CPU with AMX-BF16 or AVX512-BF16** (Intel Sapphire Rapids and later, AMD Zen 4 and later)
   and TensorFlow's oneDNN kernels on: bfloat16. oneDNN runs bfloat16 MatMul / Conv on those
-  units; measured on TensorFlow 2.21 (``bench/train_speed.py --ops``): an AMD EPYC with
-  AVX512-BF16 runs a 1024x1024 MatMul 2.7x and a 3x3 convolution 2x faster than float32, and a
-  Xeon with AMX 6x. Without oneDNN (``TF_ENABLE_ONEDNN_OPTS=0``) bfloat16 falls back to Eigen,
-  whose Conv2DBackpropFilter was 12x *slower* than float32 on the same EPYC.
+  units; measured on TensorFlow 2.21: an AMD EPYC with AVX512-BF16 runs a 1024x1024 MatMul 2.7x
+  and a 3x3 convolution 2x faster than float32, and a Xeon with AMX 6x. Without oneDNN
+  (``TF_ENABLE_ONEDNN_OPTS=0``) bfloat16 falls back to Eigen, whose Conv2DBackpropFilter was 12x
+  *slower* than float32 on the same EPYC.
 * **Any other CPU**: none. float16 CPU kernels are emulated (oneDNN's reference kernels or
-  Eigen): a float16 Conv2DBackpropFilter ran 7.6x (EPYC) to 130x (Xeon) slower than float32,
-  and bfloat16 without the instructions is no faster than float32. A user who asked for speed
-  gets float32: the rewrite leaves the graph alone and says why once.
+  Eigen): a float16 Conv2DBackpropFilter ran 7.6x (EPYC) to 130x (Xeon) slower than float32.
+  Without AVX-512, TensorFlow leaves oneDNN off by default and its Eigen kernels convert 16-bit
+  tensors to float32 and run float32's GEMM on them (``ONEDNN_VERBOSE=1`` shows ``gemm_api``
+  with ``f32`` operands): measured on an AVX2 EPYC (``bench/op_speed.py``), bfloat16 MatMul
+  took 1.14-1.25x float32's time and Conv2DBackpropInput / Filter 15-17x / 8-9x (float16:
+  1.1-1.2x, 8-9x / 5.6-5.7x), and forcing oneDNN on changes nothing (it "supports DT_BFLOAT16
+  only on platforms with AVX-512" and falls back to Eigen). A user who asked for speed gets
+  float32: the rewrite leaves the graph alone and says why once.
 
 ``TF_AMP_TARGET_DTYPE`` / ``RewriteConfig(target_dtype=...)`` still force a target.
 
@@ -68,7 +73,9 @@ def cpu_flags() -> frozenset[str]:
 
 
 def onednn_enabled() -> bool:
-    """Whether TensorFlow's oneDNN CPU kernels are on (its default on x86 Linux builds)."""
+    """Whether TensorFlow's oneDNN CPU kernels are on: by default on x86 Linux builds on CPUs
+    with AVX-512 (TensorFlow 2.21 left them off on an AVX2 EPYC), or as TF_ENABLE_ONEDNN_OPTS
+    says."""
     if os.environ.get("TF_ENABLE_ONEDNN_OPTS", "").strip().lower() in ("0", "false", "off"):
         return False
     from tf_amp._upstream.tensorflow import _pywrap_util_port
