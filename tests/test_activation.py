@@ -337,6 +337,34 @@ def test_env_keras_fit_script_trains_in_mixed_precision(tmp_path: Path) -> None:
     assert losses[-1] < losses[0]
 
 
+def test_env_on_a_cpu_without_fast_16_bit_says_why_once(tmp_path: Path) -> None:
+    """Where no reduced precision is fast (oneDNN off here, on any CPU) the activation keeps
+    float32, changes nothing, and says why in one line, not once per layer of the runtime: a
+    script that also calls enable_ (as examples/custom_loop.py does) gets no second line."""
+    script = _write(
+        tmp_path,
+        "fp32.py",
+        """
+    import numpy as np, keras, tf_amp
+    x = np.random.rand(64, 8).astype("float32"); y = x.sum(1)
+    plain = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+    plain.compile("adam", "mse")
+    plain.fit(x, y, epochs=1, batch_size=32, verbose=0)
+    print("plain:", type(plain.optimizer).__name__)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+    model.compile(tf_amp.enable_mixed_precision_graph_rewrite(keras.optimizers.Adam()), "mse")
+    h = model.fit(x, y, epochs=2, batch_size=32, verbose=0)
+    print("losses:", len(h.history["loss"]), "scaling:", model.optimizer.enabled)
+""",
+    )
+    out = _run(script, tmp_path, {ENV_ENABLE: "1", "TF_AMP_TARGET_DTYPE": "auto",
+                                  "TF_ENABLE_ONEDNN_OPTS": "0", "CUDA_VISIBLE_DEVICES": ""})
+    assert "plain: Adam" in out  # the script's own optimizer, untouched
+    assert "losses: 2 scaling: False" in out
+    assert "target float32" in out and "graph rewrite: off, loss scaling: off" in out
+    assert out.count("tf_amp keeps float32") == 1, out
+
+
 def test_env_conversion_line_is_printed_exactly_once(tmp_path: Path) -> None:
     """The package's own handler shows tf_amp's INFO lines; activation adds no second one."""
     script = _write(

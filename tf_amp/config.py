@@ -75,6 +75,12 @@ def process_target(announce: bool = True) -> hardware.TargetChoice:
     return choice
 
 
+def mark_target_announced(choice: hardware.TargetChoice) -> None:
+    """Records that ``choice`` and its reason were said in the log by another line (the
+    environment activation's), so :func:`process_target` does not say them a second time."""
+    _ANNOUNCED.add(choice)
+
+
 @dataclass(frozen=True)
 class RewriteConfig:
     """What to rewrite and how.

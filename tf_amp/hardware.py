@@ -101,8 +101,8 @@ def choose_target(
         return TargetChoice(
             FLOAT32,
             "this CPU has neither AMX-BF16 nor AVX512-BF16, so bfloat16 and float16 kernels "
-            "are slower than float32 here; tf_amp keeps float32 (TF_AMP_TARGET_DTYPE="
-            "bfloat16 or float16 forces a target)",
+            "are slower than float32 here; tf_amp keeps float32 unless TF_AMP_TARGET_DTYPE="
+            "bfloat16 or float16 forces a target",
         )
     names = " and ".join(f.upper().replace("_", "-") for f in found)
     onednn = onednn_enabled() if onednn is None else onednn
@@ -111,7 +111,7 @@ def choose_target(
             FLOAT32,
             f"this CPU has {names}, but TensorFlow's oneDNN kernels are off "
             "(TF_ENABLE_ONEDNN_OPTS=0) and its other bfloat16 kernels are slower than "
-            "float32; tf_amp keeps float32 (unset TF_ENABLE_ONEDNN_OPTS for bfloat16)",
+            "float32; tf_amp keeps float32, and unsetting TF_ENABLE_ONEDNN_OPTS gives bfloat16",
         )
     return TargetChoice(
         BFLOAT16, f"this CPU has {names}: oneDNN runs bfloat16 MatMul and convolutions on it"

@@ -84,7 +84,7 @@ def resolved_active() -> Settings | None:
         if active is None or (active.graph_rewrite is not None and active.loss_scaling is not None):
             return active
         # On use: the target is read from the hardware, which needs TensorFlow loaded.
-        from tf_amp.config import process_target
+        from tf_amp.config import mark_target_announced, process_target
 
         target = process_target(announce=False)
         active = active.for_target(target)
@@ -96,6 +96,7 @@ def resolved_active() -> Settings | None:
             "on" if active.loss_scaling else "off",
             target.reason,
         )
+        mark_target_announced(target)  # this line said it: no second line with the same reason
         return active
 
 
