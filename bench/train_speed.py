@@ -17,6 +17,8 @@ rounds in N fresh sets of processes and pools the paired ratios, so such a bias 
 Variants: ``float32``; ``tf_amp`` (the default: target ``auto``); ``tf_amp_bf16`` and
 ``tf_amp_fp16`` (forced targets); ``tf_amp_O2`` (auto target, opt level O2);
 ``tf_amp_probe`` (auto target, the probe keeps ops measured slower float32);
+``tf_amp_bf16_probe`` (bfloat16 forced and the probe on: on a CPU whose bfloat16 kernels are
+slow, what the probe saves of a forced target);
 ``tf_amp_no_pass4`` (auto target without TensorFlow's "infer follows allow" pass);
 ``tf_amp_guard`` (auto target with the normalization guard on, which a bfloat16 target leaves
 off by default: normalizations' cancelling sums in float32, as Keras keeps them);
@@ -71,6 +73,7 @@ VARIANTS: dict[str, dict[str, str]] = {
     "tf_amp_fp16": {"TF_AMP_TARGET_DTYPE": "float16"},
     "tf_amp_O2": {"TF_AMP_OPT_LEVEL": "O2"},
     "tf_amp_probe": {"TF_AMP_PROBE": "1"},
+    "tf_amp_bf16_probe": {"TF_AMP_TARGET_DTYPE": "bfloat16", "TF_AMP_PROBE": "1"},
     "tf_amp_no_pass4": {"TF_AMP_INFER_FOLLOWS_ALLOW": "0"},
     "tf_amp_guard": {"TF_AMP_GUARD_NORMALIZATION": "1"},
     "tf_amp_no_update_guard": {"TF_AMP_GUARD_UPDATES": "0"},
