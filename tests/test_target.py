@@ -57,6 +57,29 @@ def test_target_chosen_from_device_and_cpu_features(
     assert choice.rewrites == (dtype != "float32")
 
 
+@pytest.mark.parametrize(
+    ("device", "flags", "forced", "words"),
+    [
+        ("CPU", EPYC_ZEN3, "bfloat16", "expect it to be slower than float32"),
+        ("CPU", EPYC_ZEN3, "float16", "expect it to be slower than float32"),
+        ("CPU", EPYC_ZEN4, "float16", "auto would pick bfloat16"),
+        ("GPU", EPYC_ZEN3, "bfloat16", "auto would pick float16"),
+    ],
+)
+def test_a_forced_target_says_when_auto_would_choose_otherwise(
+    cpu, device: str, flags: frozenset[str], forced: str, words: str
+) -> None:
+    cpu(flags)
+    config = RewriteConfig.from_env({"TF_AMP_TARGET_DTYPE": forced}, default_device_type=device)
+    assert config.target_dtype == forced
+    assert "asked for" in config.target_reason and words in config.target_reason
+    # where auto agrees, nothing more is said
+    same = hardware.choose_target(device).dtype
+    if same != "float32":
+        agreed = RewriteConfig(target_dtype=same, default_device_type=device)
+        assert agreed.target_reason.endswith("(TF_AMP_TARGET_DTYPE or target_dtype)")
+
+
 def test_from_env_defaults_to_auto_and_names_the_reason(cpu) -> None:
     cpu(EPYC_ZEN4)
     config = RewriteConfig.from_env({}, default_device_type="CPU")

@@ -196,7 +196,8 @@ class RewriteConfig:
         if self.target_dtype == "auto":
             choice = hardware.choose_target(self.default_device_type)
         elif not self.target_reason:
-            choice = hardware.forced_target(self.target_dtype)
+            auto = hardware.choose_target(self.default_device_type)
+            choice = hardware.forced_target(self.target_dtype, auto)
         else:
             return
         object.__setattr__(self, "target_dtype", choice.dtype)

@@ -118,6 +118,22 @@ def choose_target(
     )
 
 
-def forced_target(dtype: str) -> TargetChoice:
-    """A target the user named (``TF_AMP_TARGET_DTYPE`` or ``RewriteConfig``)."""
-    return TargetChoice(dtype, f"{dtype} was asked for (TF_AMP_TARGET_DTYPE or target_dtype)")
+def forced_target(dtype: str, auto: TargetChoice | None = None) -> TargetChoice:
+    """A target the user named (``TF_AMP_TARGET_DTYPE`` or ``RewriteConfig``).
+
+    ``auto`` is what ``auto`` would pick for the same device: where it differs, the reason says
+    so, and where ``auto`` would keep float32 it says to expect the forced target to be slower
+    (a forced bfloat16 ran an AVX2 EPYC's convolution gradients 8-17x slower than float32), so
+    nobody takes a slower run for what mixed precision does.
+    """
+    reason = f"{dtype} was asked for (TF_AMP_TARGET_DTYPE or target_dtype)"
+    if auto is None or auto.dtype == dtype:
+        return TargetChoice(dtype, reason)
+    if auto.dtype == FLOAT32:
+        return TargetChoice(
+            dtype,
+            f"{reason}; expect it to be slower than float32 on this machine, where auto keeps "
+            "float32 (its 16-bit kernels are slower; TF_AMP_PROBE=1 keeps the ops it measures "
+            "slower in float32)",
+        )
+    return TargetChoice(dtype, f"{reason}; auto would pick {auto.dtype} on this device")
