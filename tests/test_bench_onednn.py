@@ -14,7 +14,7 @@ from _onednn import executed_primitives  # noqa: E402
 
 # Eigen's float32 GEMM (what TensorFlow's MatMul and convolutions call with oneDNN off, and
 # what they run for bfloat16 tensors after converting them), an AVX2 convolution primitive,
-# a bfloat16 AMX one, and lines that are not executions.
+# a bfloat16 AMX one, lines that are not executions, and oneDNN 3.5's format.
 LOG = """\
 onednn_verbose,v1,info,cpu,isa:Intel AVX2
 onednn_verbose,v1,primitive,exec,cpu,gemm_api,,undef,src_f32::blocked:ab:f0 wei_f32::blocked:ab:f0 dst_f32::blocked:ab:f0,,,120x288:288x16,0.0610352
@@ -22,17 +22,19 @@ onednn_verbose,v1,primitive,exec,cpu,gemm_api,,undef,src_f32::blocked:ab:f0 wei_
 onednn_verbose,v1,primitive,exec,cpu,convolution,brg_conv_fwd:avx2,forward_training,src:f32::blocked:acdb::f0 wei:f32::blocked:Acdb8a::f0 bia:undef::undef::: dst:f32::blocked:acdb::f0,attr-scratchpad:user,alg:convolution_direct,mb16_ic64oc64_ih32oh32kh3sh1dh0ph1_iw32ow32kw3sw1dw0pw1,1.2
 onednn_verbose,v1,primitive,exec,cpu,convolution,brg_conv_fwd:avx512_core_amx,forward_training,src:bf16::blocked:acdb::f0 wei:bf16:a:blocked:AcdB16b16a2b::f0 dst:bf16::blocked:acdb::f0,,,mb16_ic64oc64,0.3
 onednn_verbose,v1,primitive,create:cache_miss,cpu,convolution,brg_conv_fwd:avx2,forward_training,src:f32::blocked:acdb::f0,,,x,0.1
-"""  # noqa: E501 - verbatim log lines
+onednn_verbose,primitive,info,template:operation,engine,primitive,implementation,prop_kind,memory_descriptors,attributes,auxiliary,problem_desc,exec_time
+onednn_verbose,primitive,exec,cpu,gemm_api,,undef,src_f32::blocked:ab:f0 wei_f32::blocked:ab:f0 dst_f32::blocked:ab:f0,,,120x256:256x64,21.5142
+"""  # noqa: E501 - verbatim log lines; the last two from oneDNN 3.5 (TF 2.19), without "v1"
 
 
 def test_kinds_and_dtypes_of_executed_primitives() -> None:
-    assert executed_primitives(LOG) == {"gemm_api:f32": 2, "convolution:f32": 1,
+    assert executed_primitives(LOG) == {"gemm_api:f32": 3, "convolution:f32": 1,
                                         "convolution:bf16": 1}
 
 
 def test_implementations_are_named_and_the_gemm_api_has_none() -> None:
     assert executed_primitives(LOG, implementation=True) == {
-        "gemm_api - f32": 2,
+        "gemm_api - f32": 3,
         "convolution brg_conv_fwd:avx2 f32": 1,
         "convolution brg_conv_fwd:avx512_core_amx bf16": 1,
     }
