@@ -334,6 +334,8 @@ def amdahl_limit(model_name: str) -> dict[str, float] | None:
 
 def run_model(model_name: str, variants: list[str], rounds: int, processes: int,
               proof: bool) -> None:
+    from tf_amp import hardware
+
     print(f"\n=== {model_name} (batch {MODELS[model_name]['batch']}, "
           f"{MODELS[model_name]['steps']} steps per round, {rounds} rounds x {processes} "
           "process sets)", flush=True)
@@ -342,10 +344,11 @@ def run_model(model_name: str, variants: list[str], rounds: int, processes: int,
     base = rows["float32"]
     limit = amdahl_limit(model_name) if "float32" in rows else None
     if limit:
+        speed = (f"{limit['speedup']:.2f}x faster" if limit["speedup"] >= 1
+                 else f"{1 / limit['speedup']:.2f}x slower")
         print(f"Amdahl limit: allow-list ops are {limit['fraction']:.0%} of the float32 step's "
-              f"kernel time (profiler trace) and {limit['speedup']:.2f}x faster in bfloat16 "
-              f"alone: ratio >= "
-              f"{limit['limit']:.2f} if only they gained (elementwise ops moving half the "
+              f"kernel time (profiler trace) and {speed} in bfloat16 alone: ratio >= "
+              f"{limit['limit']:.2f} if only they changed (elementwise ops moving half the "
               "bytes can take a variant past it)")
     print(f"{'variant':<24} {'step':>9} {'ratio to float32 [95% CI]':>28} {'of limit':>9} "
           f"{'loss':>9} {'- fp32':>8}")
@@ -360,7 +363,12 @@ def run_model(model_name: str, variants: list[str], rounds: int, processes: int,
               f"{row['loss']:>9.4f} {delta:>+8.4f}")
     if "tf_amp" in rows and "float32" in rows:
         low, high = rows["tf_amp"]["ratio"][1:]
-        print(f"tf_amp default never slower than float32 (ratio <= 1): {verdict(low, high, 1.0)}")
+        if hardware.choose_target("CPU").rewrites:
+            print(f"tf_amp default never slower than float32 (ratio <= 1): "
+                  f"{verdict(low, high, 1.0)}")
+        else:  # auto keeps float32: the default may cost the wrapper, not more (issue's goal)
+            print(f"tf_amp default (float32 here: no fast reduced precision) costs at most 10% "
+                  f"over float32 (ratio <= 1.10): {verdict(low, high, 1.10)}")
         ours = rows["tf_amp"]["times"]
         for peer in (v for v in rows if not v.startswith(("float32", "tf_amp"))):
             paired = [a / b for a, b in zip(ours, rows[peer]["times"], strict=True)]
