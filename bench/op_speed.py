@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
+import statistics
 import subprocess
 import sys
 from collections import Counter
@@ -90,10 +90,6 @@ def time_case(name: str, dtypes: list[str], repeats: int) -> dict[str, dict[str,
             row = rows.setdefault(timing.signature.op, {"float32_s": timing.float32_s})
             row[dtype] = timing.ratio
     return rows
-
-
-def geometric_mean(values: list[float]) -> float:
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
 
 
 def agreement(auto_dtype: str, means: dict[str, float]) -> str:
@@ -167,7 +163,7 @@ def main() -> int:
             for d in dtypes:
                 if d in row:
                     ratios[d].append(row[d])
-    means = {d: geometric_mean(r) for d, r in ratios.items() if r}
+    means = {d: statistics.geometric_mean(r) for d, r in ratios.items() if r}
     print("geometric mean, reduced time / float32 time: "
           + ", ".join(f"{d} {m:.2f}x" for d, m in means.items()))
     print(f"auto target for this CPU ({auto.dtype}): {agreement(auto.dtype, means)}")
