@@ -23,7 +23,9 @@ slow, what the probe saves of a forced target);
 ``tf_amp_guard`` (auto target with the normalization guard on, which a bfloat16 target leaves
 off by default: normalizations' cancelling sums in float32, as Keras keeps them);
 ``tf_amp_no_update_guard`` (auto target with the update guard off, which bfloat16 turns on:
-the optimizer's arithmetic painted as TensorFlow's pass paints it); Keras's
+the optimizer's arithmetic painted as TensorFlow's pass paints it); ``tf_amp_table_cast``
+(auto target, an embedding's gather painted as TensorFlow paints it: the whole table cast to
+the target every step, instead of the rows gathered); Keras's
 ``mixed_bfloat16`` / ``mixed_float16`` policies; TensorFlow's own Grappler pass
 ``auto_mixed_precision_onednn_bfloat16``; ``float32_again`` (only when asked for: a second
 float32 process, whose ratio to the first shows how far apart two runs of the same thing
@@ -77,12 +79,13 @@ VARIANTS: dict[str, dict[str, str]] = {
     "tf_amp_no_pass4": {"TF_AMP_INFER_FOLLOWS_ALLOW": "0"},
     "tf_amp_guard": {"TF_AMP_GUARD_NORMALIZATION": "1"},
     "tf_amp_no_update_guard": {"TF_AMP_GUARD_UPDATES": "0"},
+    "tf_amp_table_cast": {"TF_AMP_SELECT_BEFORE_CAST": "0"},
     "keras_mixed_bfloat16": {},
     "keras_mixed_float16": {},
     "tf_onednn_bf16_pass": {},
     "float32_again": {},  # a second float32 process: the noise floor of a ratio (A/A)
 }
-NOT_BY_DEFAULT = ("float32_again",)
+NOT_BY_DEFAULT = ("float32_again", "tf_amp_table_cast")  # ask for them by name
 FLOAT16_VARIANTS = ("tf_amp_fp16", "keras_mixed_float16")
 # Small enough that no model fits its one batch within a bench run: the final losses compare.
 LEARNING_RATE = 1e-5

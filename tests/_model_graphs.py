@@ -25,7 +25,8 @@ class ModelGraph:
 
 
 def _train_step_graph(
-    name: str, model: tf.keras.Model, x_shape: tuple[int, ...], y_fn: Callable[[], tf.Tensor]
+    name: str, model: tf.keras.Model, x_shape: tuple[int, ...], y_fn: Callable[[], tf.Tensor],
+    x_dtype: tf.DType = tf.float32,
 ) -> ModelGraph:
     import keras
 
@@ -43,7 +44,7 @@ def _train_step_graph(
         return loss
 
     y = y_fn()
-    spec_x = tf.TensorSpec(x_shape, tf.float32)
+    spec_x = tf.TensorSpec(x_shape, x_dtype)
     concrete = step.get_concrete_function(spec_x, tf.TensorSpec.from_tensor(y))
     graph_def = concrete.graph.as_graph_def()
     fetches = [t.op.name for t in concrete.outputs]
@@ -98,6 +99,29 @@ def keras_transformer() -> ModelGraph:
     logits = keras.layers.Dense(10)(keras.layers.GlobalAveragePooling1D()(h))
     model = keras.Model(inputs, logits)
     return _train_step_graph("transformer", model, (2, 8, 32), lambda: tf.zeros([2], tf.int32))
+
+
+def keras_embedding_encoder() -> ModelGraph:
+    """Token Embedding into attention, and a learned position table whose first rows (a Slice)
+    go through a Dense: lookups of weight tables straight into allow-list ops, which
+    TensorFlow's pass paints half by casting each whole table."""
+    import keras
+
+    class PositionTable(keras.layers.Layer):
+        def build(self, input_shape: tuple[int, ...]) -> None:
+            self.table = self.add_weight(shape=(32, input_shape[-1]), name="positions")
+
+        def call(self, x: tf.Tensor) -> tf.Tensor:
+            return tf.slice(self.table, [0, 0], [tf.shape(x)[1], -1])
+
+    keras.utils.set_random_seed(0)
+    tokens = keras.Input((8,), dtype="int32")
+    e = keras.layers.Embedding(200, 16)(tokens)
+    h = keras.layers.LayerNormalization()(e + keras.layers.MultiHeadAttention(2, 8)(e, e))
+    h = h + keras.layers.Dense(16)(PositionTable()(h))
+    logits = keras.layers.Dense(10)(keras.layers.GlobalAveragePooling1D()(h))
+    return _train_step_graph("embedding_encoder", keras.Model(tokens, logits), (2, 8),
+                             lambda: tf.zeros([2], tf.int32), x_dtype=tf.int32)
 
 
 def keras_lstm_gru() -> ModelGraph:
@@ -199,6 +223,7 @@ ALL_BUILDERS: dict[str, Callable[[], ModelGraph]] = {
     "keras_cnn": keras_cnn,
     "mobilenet_v2": keras_mobilenet,
     "transformer": keras_transformer,
+    "embedding_encoder": keras_embedding_encoder,
     "lstm_gru": keras_lstm_gru,
     "tf1_while_momentum": tf1_while_momentum,
     "einsum_attention": einsum_attention,

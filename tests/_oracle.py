@@ -182,6 +182,9 @@ NORMALIZATION_GUARD = "NORMALIZATION_GUARD"
 # A node that serves only variable updates (tf_amp.painter.update_guard), kept float32 on
 # purpose: bfloat16's default, measured faster on a CPU.
 UPDATE_GUARD = "UPDATE_GUARD"
+# A gather or slice of a float32 weight table (tf_amp.painter.table_selection), kept float32 so
+# the Cast is of the rows it selects.
+TABLE_SELECTION = "TABLE_SELECTION"
 UNEXPLAINED = "UNEXPLAINED"
 
 REASONS: dict[str, str] = {
@@ -213,6 +216,12 @@ REASONS: dict[str, str] = {
         "default: a BERT-like train step 2-4% faster on a CPU with AVX512-BF16, and the "
         "optimizer's moments no longer read through bfloat16); TensorFlow paints it half "
         "by its pass 4 when the gradient comes out of a half op"
+    ),
+    TABLE_SELECTION: (
+        "a gather or slice of a float32 weight table that nothing else reads (an embedding "
+        "lookup): kept float32 and its output cast, the same bits as casting the table first "
+        "(tf_amp.painter.table_selection); TensorFlow paints it half and casts the whole "
+        "table every step"
     ),
     UNEXPLAINED: "no listed reason",
 }
@@ -260,6 +269,9 @@ def classify(result: RewriteResult, comparison: Comparison) -> dict[str, list]:
             continue
         if block == "variable-update":
             buckets[UPDATE_GUARD].append(key)
+            continue
+        if block == "table-selection":
+            buckets[TABLE_SELECTION].append(key)
             continue
         if view.v_attr[v] == "element_dtype":
             decision = result.report.decision_for(key[1], key[2], key[0])

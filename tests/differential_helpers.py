@@ -14,6 +14,7 @@ DIRECTIONS = ("to_half", "to_float")
 FAST_GRAPHS = [
     "keras_cnn",
     "transformer",
+    "embedding_encoder",
     "lstm_gru",
     "lstm_gru_inlined",
     "tf1_while_momentum",

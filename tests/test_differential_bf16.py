@@ -86,6 +86,7 @@ def test_bfloat16_painting_equals_tensorflows_onednn_pass(name: str, tmp_path: P
         infer_follows_allow=True,
         fold_constant_casts=False,
         guard_updates=False,
+        select_before_cast=False,
     )
     ours = rewrite_graph_def(model.graph_def, config).graph_def
     comparison = _oracle.compare(model.graph_def, ours, theirs)

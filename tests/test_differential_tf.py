@@ -69,14 +69,15 @@ def oracle(name: str) -> tuple:
 
 
 def differential(name: str, mode: str = "default") -> tuple:
-    """Our rewrite vs TensorFlow's. ``mode``: "default"; "parity" (Const folding and the
-    normalization guard off, the default's two measured departures); "no_infer" (the option
-    ``infer_follows_allow=False``)."""
+    """Our rewrite vs TensorFlow's. ``mode``: "default"; "parity" (Const folding, the
+    normalization guard and the table selection off: the default's departures); "no_infer"
+    (the option ``infer_follows_allow=False``)."""
     if (name, mode) not in _CACHE:
         model, theirs = oracle(name)
         cfg = RewriteConfig(preserve_nodes=frozenset(model.fetches))
         if mode == "parity":
-            cfg = cfg.replace(fold_constant_casts=False, guard_normalization=False)
+            cfg = cfg.replace(fold_constant_casts=False, guard_normalization=False,
+                              select_before_cast=False)
         elif mode == "no_infer":
             cfg = cfg.replace(infer_follows_allow=False)
         result = rewrite_graph_def(model.graph_def, cfg)
@@ -111,9 +112,10 @@ def test_tf1_loop_graph_matches_tensorflow_exactly() -> None:
 
 @pytest.mark.parametrize("name", [*FAST, pytest.param(SLOW[0], marks=pytest.mark.slow)])
 def test_parity_mode_reproduces_tensorflow(name: str) -> None:
-    """With Const folding and the normalization guard off, we reproduce TensorFlow's painting
-    vertex for vertex and its Casts one for one - except where TensorFlow paints a TensorList
-    that crosses into a While body (and the clear ops hanging off it), which it gets wrong."""
+    """With Const folding, the normalization guard and the table selection off, we reproduce
+    TensorFlow's painting vertex for vertex and its Casts one for one - except where TensorFlow
+    paints a TensorList that crosses into a While body (and the clear ops hanging off it),
+    which it gets wrong."""
     model, result, comparison, buckets = differential(name, mode="parity")
     print(f"\nparity {name}: {comparison.differing} differ; casts ours {comparison.ours_casts} "
           f"vs TF {comparison.tf_casts}")
@@ -142,6 +144,17 @@ def test_infer_follows_allow_off_leaves_only_infer_ops_that_feed_no_allow(name: 
     assert buckets["TF_HALF_FEEDS_NO_ALLOW"]  # the option really drops TensorFlow's pass 4
     assert comparison.ours_casts["to_half"] <= comparison.tf_casts["to_half"]
     assert comparison.ours_casts["to_float"] <= comparison.tf_casts["to_float"]
+
+
+def test_table_lookups_are_the_only_departure_on_the_embedding_graph() -> None:
+    """TensorFlow paints the embedding's gather and the position table's slice half, casting
+    both whole tables; we keep them float32 and cast what they select, with no more Casts."""
+    _, _, comparison, buckets = differential("embedding_encoder")
+    selections = {key[1].rsplit("/", 1)[-1] for key in buckets[_oracle.TABLE_SELECTION]}
+    assert selections == {"GatherV2", "Slice"}
+    assert set(comparison.only_tf_half) == set(buckets[_oracle.TABLE_SELECTION])
+    assert comparison.only_ours_half == []
+    assert comparison.ours_casts == comparison.tf_casts
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -21,6 +21,7 @@ Environment variables read by ``from_env``:
 - ``TF_AMP_PROBE``: 1 | 0 (time the allow/infer ops at their shapes first: ``tf_amp.probe``);
 - ``TF_AMP_GUARD_NORMALIZATION``, ``TF_AMP_GUARD_UPDATES``: 1 | 0 (unset: the target's default;
   see the fields);
+- ``TF_AMP_SELECT_BEFORE_CAST``: 1 (default) | 0 (see the field);
 - ``TF_AMP_CHECK_KERNELS``: 1 | 0 (0 = trust the OpDef, for GPU-targeted rewriting on a
   machine whose TensorFlow has no GPU kernels).
 """
@@ -151,6 +152,11 @@ class RewriteConfig:
         than float32's, and each painted update cast its float32 state to bfloat16); not for
         float16, whose default is TensorFlow's GPU pass (its loss-scaled Keras steps unscale
         into float32 before the optimizer anyway).
+      select_before_cast: keep float32 the gathers and slices of a float32 weight table
+        that only they read (an embedding lookup), so the Cast is of the rows they select,
+        not of the whole table every step (``tf_amp.painter.table_selection``). Same bits
+        either way, since a cast commutes with a selection; Keras's Embedding does the same.
+        On for every target; never at O3, which asks for every op.
     """
 
     target_dtype: str = "float16"
@@ -171,6 +177,7 @@ class RewriteConfig:
     probe: bool = False
     guard_normalization: bool | None = None
     guard_updates: bool | None = None
+    select_before_cast: bool = True
     slow_nodes: frozenset[str] = field(default_factory=frozenset)
 
     def __post_init__(self) -> None:
@@ -213,12 +220,22 @@ class RewriteConfig:
         """Whether the painter keeps update-only arithmetic float32 (see the field)."""
         return self._guard_on(self.guard_updates, default_for="bfloat16")
 
+    @property
+    def selects_before_cast(self) -> bool:
+        """Whether selections from weight tables stay float32 (see the field)."""
+        return self.select_before_cast and not self._asks_for_every_op
+
     def _guard_on(self, asked: bool | None, default_for: str) -> bool:
         """A guard's setting: never at O3 / UNSAFE_FORCE_ALL, which ask for every op; else
         as ``asked``, or (None) on for the one target it was measured to help."""
-        if self.opt_level == "O3" or self.level == "UNSAFE_FORCE_ALL":
+        if self._asks_for_every_op:
             return False
         return asked if asked is not None else self.target_dtype == default_for
+
+    @property
+    def _asks_for_every_op(self) -> bool:
+        """O3 / UNSAFE_FORCE_ALL: every op that can turn half does, so no guard holds one."""
+        return self.opt_level == "O3" or self.level == "UNSAFE_FORCE_ALL"
 
     @property
     def rewrites(self) -> bool:
@@ -269,6 +286,7 @@ class RewriteConfig:
         values["infer_follows_allow"] = flag_or(env, "TF_AMP_INFER_FOLLOWS_ALLOW", True)
         values["guard_normalization"] = parse_flag(env, "TF_AMP_GUARD_NORMALIZATION")
         values["guard_updates"] = parse_flag(env, "TF_AMP_GUARD_UPDATES")
+        values["select_before_cast"] = flag_or(env, "TF_AMP_SELECT_BEFORE_CAST", True)
         overrides = dict(overrides)
         base_lists = overrides.pop("lists", None)
         if requested == "auto":

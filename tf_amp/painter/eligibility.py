@@ -5,7 +5,8 @@ caller preserves, an op the probe measured slower in the target, state (constant
 checkpoints, transfers), an op whose dtype is what it computes, a function call (its body is
 rewritten instead), an excluded name scope or ``_tf_amp_exclude`` attr, a node on the wrong
 device, an op TensorFlow does not know, the cancelling sum of a normalization (float16's
-default), arithmetic that only updates variables (bfloat16's default). The reason is kept per
+default), arithmetic that only updates variables (bfloat16's default), a gather or slice of a
+weight table (the Cast goes after it). The reason is kept per
 node (``node_block``, a ``Block``) so the report can say it in words. Gradient ops of an
 excluded region are excluded with it.
 """
@@ -13,12 +14,14 @@ excluded region are excluded with it.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Collection
 
 from tf_amp.config import RewriteConfig
 from tf_amp.lists import OpLists
 from tf_amp.painter.colours import CAT_NONE, CATEGORY_OF_LIST
 from tf_amp.painter.normalization_guard import normalization_sum_nodes
 from tf_amp.painter.reasons import Block
+from tf_amp.painter.table_selection import table_selection_nodes
 from tf_amp.painter.update_guard import update_only_nodes
 from tf_amp.type_attrs import (
     EXCLUDE_NOT_READ,
@@ -152,41 +155,40 @@ def node_eligibility(
         else:
             node_eligible[n] = 1
     _exclude_backward_of_excluded(view, node_eligible, node_block)
-    _guard_normalization_sums(view, config, node_eligible, node_block)
-    _guard_variable_updates(view, config, lists, node_eligible, node_block)
+    _block_guarded_nodes(view, config, lists, node_eligible, node_block)
     for n in range(view.num_real, len(view.names)):
         node_block[n] = Block.FUNCTION_BOUNDARY
     return node_eligible, node_block
 
 
-def _guard_normalization_sums(
-    view: BodyView, config: RewriteConfig, node_eligible: bytearray, node_block: list[str]
-) -> None:
-    """Keeps float32 the ``x * inv + shift`` of each normalization
-    (``tf_amp.painter.normalization_guard``): its half rounding cancels to a large error."""
-    if not config.guards_normalization:
-        return
-    for n in normalization_sum_nodes(view):
-        if node_eligible[n]:
-            node_eligible[n] = 0
-            node_block[n] = Block.NORMALIZATION
-
-
-def _guard_variable_updates(
+def _block_guarded_nodes(
     view: BodyView,
     config: RewriteConfig,
     lists: OpLists,
     node_eligible: bytearray,
     node_block: list[str],
 ) -> None:
-    """Keeps float32 the arithmetic that serves only variable updates
-    (``tf_amp.painter.update_guard``)."""
-    if not config.guards_updates:
-        return
-    for n in update_only_nodes(view, lists.allow):
-        if node_eligible[n]:
-            node_eligible[n] = 0
-            node_block[n] = Block.VARIABLE_UPDATE
+    """Keeps float32 the eligible nodes that a guard asks for, each with its ``Block``:
+
+    - the ``x * inv + shift`` of each normalization, whose half rounding cancels to a large
+      error (``tf_amp.painter.normalization_guard``);
+    - the arithmetic that serves only variable updates (``tf_amp.painter.update_guard``);
+    - the gathers and slices of a float32 weight table, so the Cast is of what they select
+      (``tf_amp.painter.table_selection``).
+    """
+    guards: list[tuple[bool, Callable[[], Collection[int]], Block]] = [
+        (config.guards_normalization, lambda: normalization_sum_nodes(view), Block.NORMALIZATION),
+        (config.guards_updates, lambda: update_only_nodes(view, lists.allow),
+         Block.VARIABLE_UPDATE),
+        (config.selects_before_cast, lambda: table_selection_nodes(view), Block.TABLE_SELECTION),
+    ]
+    for on, find_nodes, block in guards:
+        if not on:
+            continue
+        for n in find_nodes():
+            if node_eligible[n]:
+                node_eligible[n] = 0
+                node_block[n] = block
 
 
 def _exclude_backward_of_excluded(

@@ -142,5 +142,11 @@ class Block(str, enum.Enum):
         "{op} serves only variable updates (an optimizer step, moving statistics): kept "
         "float32 like the float32 state it updates (tf_amp.painter.update_guard)",
     )
+    TABLE_SELECTION = (
+        "table-selection",
+        "{op} selects from a float32 weight table: it runs in float32 and what it selects is "
+        "cast, not the whole table every step, as Keras's Embedding does "
+        "(tf_amp.painter.table_selection)",
+    )
     # _Arg / _Retval pseudo-nodes: they have no vertex, so no decision ever shows these words.
     FUNCTION_BOUNDARY = ("function-boundary", None)
