@@ -130,7 +130,7 @@ def test_the_report_says_why_the_lookup_stays_float32() -> None:
         _lookup_graph(), RewriteConfig(target_dtype="bfloat16", preserve_nodes=frozenset({"out"})))
     decision = result.report.decision_for("lookup", "Tparams")
     assert decision.dtype == "float32"
-    assert "weight table" in decision.reason and "not the whole table" in decision.reason
+    assert "weight table" in decision.reason and "not of the whole table" in decision.reason
 
 
 def test_switch_env_and_levels() -> None:

@@ -144,9 +144,9 @@ class Block(str, enum.Enum):
     )
     TABLE_SELECTION = (
         "table-selection",
-        "{op} selects from a float32 weight table: it runs in float32 and what it selects is "
-        "cast, not the whole table every step, as Keras's Embedding does "
-        "(tf_amp.painter.table_selection)",
+        "{op} selects from a float32 weight table: kept float32, so that half ops reading its "
+        "output get a Cast of what it selects, not of the whole table every step, as with "
+        "Keras's Embedding (tf_amp.painter.table_selection)",
     )
     # _Arg / _Retval pseudo-nodes: they have no vertex, so no decision ever shows these words.
     FUNCTION_BOUNDARY = ("function-boundary", None)
