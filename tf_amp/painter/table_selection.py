@@ -6,7 +6,8 @@ and casts its input: the *whole* table, every step (BERT-base: 30,522 x 768 valu
 batch of 8 x 128 tokens selects 1,024 rows). Gathering in float32 and casting what comes out
 gives the same bits (a cast commutes with a selection) for a fraction of the work; Keras does
 the same (its ``Embedding`` gathers from the float32 table and casts the result to its compute
-dtype).
+dtype). (``tf.gather`` on a variable itself is a ``ResourceGather``, which reads only the
+rows, in float32: nothing to do there.)
 
 Which nodes: a ``Gather``/``GatherV2``/``GatherNd``/``Slice``/``StridedSlice`` whose float input
 is a variable read (``ReadVariableOp``, or the ``Identity`` that reads a TF1 ``VariableV2``)
