@@ -36,22 +36,35 @@ _TF1_VARIABLES: frozenset[str] = frozenset({"VariableV2", "Variable"})
 
 def table_selection_nodes(view: BodyView) -> frozenset[int]:
     """Indices of the real nodes of ``view`` that select from a float32 variable read which
-    only selections read (see the module docstring)."""
-    readers: dict[int, list[tuple[int, int]]] = {}  # table read -> (consumer, input port)
+    only selections read (see the module docstring). Cheap where there is none: the edges
+    are walked only when some selection reads a variable."""
+    ops = view.ops
+    table_of: dict[int, int] = {}  # selection -> the variable read it selects from
+    for n in range(view.num_real):
+        if ops[n] in SELECTION_OPS and _float_input(view, n):
+            read = _data_input(view, n)
+            if read is not None and _is_variable_read(view, read):
+                table_of[n] = read
+    if not table_of:
+        return frozenset()
+    reads = set(table_of.values())
+    only_selections = dict.fromkeys(reads, True)
     for src, dst, dport in zip(view.e_src, view.e_dst, view.e_dport, strict=True):
-        if src < view.num_real and _is_variable_read(view, src):
-            readers.setdefault(src, []).append((dst, dport))
-    selected: set[int] = set()
-    for read, consumers in readers.items():
-        if not all(
-            dst < view.num_real and view.ops[dst] in SELECTION_OPS and dport == 0
-            for dst, dport in consumers
-        ):
-            continue
-        for dst, _ in consumers:
-            if _float_input(view, dst) and _selects_less(view, dst, read):
-                selected.add(dst)
-    return frozenset(selected)
+        if src in reads and not (dst in table_of and dport == 0):
+            only_selections[src] = False
+    return frozenset(
+        n for n, read in table_of.items()
+        if only_selections[read] and _selects_less(view, n, read)
+    )
+
+
+def _data_input(view: BodyView, node: int) -> int | None:
+    """The node that feeds input 0 of ``node`` (None: not a node of this body)."""
+    inputs = view.protos[node].input
+    if not inputs or inputs[0].startswith("^"):
+        return None
+    source = view.index.get(inputs[0].split(":")[0])
+    return source if source is not None and source < view.num_real else None
 
 
 def _is_variable_read(view: BodyView, node: int) -> bool:
@@ -61,8 +74,7 @@ def _is_variable_read(view: BodyView, node: int) -> bool:
         return True
     if op != "Identity":
         return False
-    inputs = [i for i in view.protos[node].input if not i.startswith("^")]
-    source = view.index.get(inputs[0].split(":")[0]) if inputs else None
+    source = _data_input(view, node)
     return source is not None and view.ops[source] in _TF1_VARIABLES
 
 
