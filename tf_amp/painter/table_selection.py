@@ -41,8 +41,8 @@ def table_selection_nodes(view: BodyView) -> frozenset[int]:
     ops = view.ops
     table_of: dict[int, int] = {}  # selection -> the variable read it selects from
     for n in range(view.num_real):
-        if ops[n] in SELECTION_OPS and _float_input(view, n):
-            read = _data_input(view, n)
+        if ops[n] in SELECTION_OPS:
+            read = _float_source(view, n)
             if read is not None and _is_variable_read(view, read):
                 table_of[n] = read
     if not table_of:
@@ -58,15 +58,6 @@ def table_selection_nodes(view: BodyView) -> frozenset[int]:
     )
 
 
-def _data_input(view: BodyView, node: int) -> int | None:
-    """The node that feeds input 0 of ``node`` (None: not a node of this body)."""
-    inputs = view.protos[node].input
-    if not inputs or inputs[0].startswith("^"):
-        return None
-    source = view.index.get(inputs[0].split(":")[0])
-    return source if source is not None and source < view.num_real else None
-
-
 def _is_variable_read(view: BodyView, node: int) -> bool:
     """A resource variable's ``ReadVariableOp``, or the ``Identity`` reading a TF1 variable."""
     op = view.ops[node]
@@ -74,14 +65,21 @@ def _is_variable_read(view: BodyView, node: int) -> bool:
         return True
     if op != "Identity":
         return False
-    source = _data_input(view, node)
+    # A ref-typed variable's output is no vertex: its name is read from the NodeDef.
+    inputs = view.protos[node].input
+    source = view.index.get(inputs[0].split(":")[0]) if inputs else None
     return source is not None and view.ops[source] in _TF1_VARIABLES
 
 
-def _float_input(view: BodyView, node: int) -> bool:
-    """The selection's data input is a float32 vertex (one the painter could turn half)."""
+def _float_source(view: BodyView, node: int) -> int | None:
+    """The real node feeding the selection's float32 input (its data, input 0), found through
+    the vertex edges; None when that input is no float32 vertex (the painter leaves it)."""
     ports = view.in_v[node]
-    return bool(ports) and ports[0] >= 0
+    sources = view.fanin[ports[0]] if ports and ports[0] >= 0 else ()
+    if len(sources) != 1:
+        return None
+    source = view.v_node[sources[0]]
+    return source if source < view.num_real else None
 
 
 def _selects_less(view: BodyView, node: int, read: int) -> bool:
