@@ -73,9 +73,14 @@ def test_allowing_unsupported_versions_turns_the_error_into_a_warning(monkeypatc
         versions.enforce("2.15.0", "2.15.0")
 
 
-def test_pyproject_and_readme_state_the_same_range() -> None:
+def test_pyproject_readme_and_architecture_state_the_same_range() -> None:
     root = Path(__file__).resolve().parent.parent
     pyproject = (root / "pyproject.toml").read_text(encoding="utf-8")
     assert f'"keras{",".join(versions.KERAS_RANGE)}"' in pyproject
     assert f'"tensorflow{",".join(versions.TENSORFLOW_RANGE)}"' in pyproject
     assert versions.describe_range() in (root / "README.md").read_text(encoding="utf-8")
+    # ARCHITECTURE.md quotes the two constants as written in versions.py.
+    architecture = (root / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    for name, (low, high) in (("TENSORFLOW_RANGE", versions.TENSORFLOW_RANGE),
+                              ("KERAS_RANGE", versions.KERAS_RANGE)):
+        assert f'`{name} = ("{low}", "{high}")`' in architecture, name

@@ -52,7 +52,7 @@ class _TfAmpStderrHandler(logging.Handler):
     TensorFlow's own pass printed "Converted X/Y nodes ..." by default and users look for it,
     by that text. Going through the root logger made its form depend on who configured logging
     first (``INFO:tf_amp:Converted`` after ``logging.basicConfig()``, absl's
-    ``I1125 ... rewriter.py:215] Converted`` once absl is set up, nothing at INFO before), so
+    ``I1125 ... rewriter.py:NNN] Converted`` once absl is set up, nothing at INFO before), so
     the ``tf_amp`` logger keeps this handler and does not propagate.
 
     An application that wants the records in its own handlers sets
