@@ -80,8 +80,8 @@ VARIANTS: dict[str, dict[str, str]] = {
     "tf_amp_guard": {"TF_AMP_GUARD_NORMALIZATION": "1"},
     "tf_amp_no_update_guard": {"TF_AMP_GUARD_UPDATES": "0"},
     "tf_amp_table_cast": {"TF_AMP_SELECT_BEFORE_CAST": "0"},
-    # Exp as an infer op, as Keras's and torch's bfloat16 GELU gradients run it: TensorFlow's
-    # lists deny it (float16's range), which puts the GELU gradient in float32 between Casts.
+    # Exp as an infer op, as Keras's bfloat16 GELU gradient runs it: TensorFlow's lists deny it
+    # (float16's range), which puts the GELU gradient in float32 between Casts.
     "tf_amp_bf16_exp": {"TF_AMP_TARGET_DTYPE": "bfloat16", "TF_AMP_DENYLIST_REMOVE": "Exp",
                         "TF_AMP_INFERLIST_ADD": "Exp"},
     "keras_mixed_bfloat16": {},

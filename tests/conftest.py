@@ -28,19 +28,20 @@ def _rewrite_switch_off_after_each_test():
         enable.disable_mixed_precision_graph_rewrite()
 
 
-def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     """How many workers ``-n auto`` (pyproject's addopts) starts: one per core this process may
     use, at most 4, and none (the suite runs in this process) on one core.
 
     Why parallel: most of the suite's time is single-threaded Python (graph walks, tracing, and
     the many tests that start a fresh interpreter to import TensorFlow), so two workers on a
     2-core machine took the suite from 16.6 to 10.5 min. Why at most 4: each worker is a
-    TensorFlow process (~1 GB) whose thread pools already use every core, and several tests
-    start more of them. ``PYTEST_XDIST_AUTO_NUM_WORKERS`` still sets the number.
+    TensorFlow process (~0.6 GB after a small Keras fit) whose thread pools already use every
+    core, and several tests start more of them. ``PYTEST_XDIST_AUTO_NUM_WORKERS`` still sets
+    the number: then pytest-xdist's own hook reads it (returning None hands over to it).
     """
     del config  # the choice depends on the machine only
     if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
-        return int(os.environ["PYTEST_XDIST_AUTO_NUM_WORKERS"])
+        return None
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     cores = cores or 1
     return 0 if cores == 1 else min(cores, 4)
