@@ -165,3 +165,28 @@ def test_get_and_serialization_round_trip():
         get([1.0])
     with pytest.raises(ValueError, match="finite number > 0"):
         get(float("nan"))
+
+
+@pytest.mark.parametrize(
+    "number",
+    [np.float32(128), np.int64(128), np.array(128.0), tf.constant(128.0), tf.constant(128)],
+)
+def test_get_takes_one_number_of_any_kind(number):
+    """NumPy scalars, 0-d arrays and eager tensors are static scales, as Keras's own wrapper
+    takes them for ``initial_scale``."""
+    assert get(number) == StaticLossScale(128.0)
+
+
+@pytest.mark.parametrize(
+    "value", [True, np.bool_(True), np.array([128.0]), tf.constant([128.0]), tf.constant(True)]
+)
+def test_get_refuses_what_is_not_one_number(value):
+    with pytest.raises(TypeError, match="loss_scale must be"):
+        get(value)
+
+
+def test_get_refuses_a_graph_tensor():
+    """A scale is fixed when the policy is made; a symbolic tensor has no value yet."""
+
+    with tf.Graph().as_default(), pytest.raises(TypeError, match="loss_scale must be"):
+        get(tf.constant(128.0))

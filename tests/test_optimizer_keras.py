@@ -462,6 +462,26 @@ def test_static_scale_is_settable_and_counts_skips():
     assert float(opt.loss_scale) == 64.0 and w.numpy()[0] == 0.0
 
 
+def test_exclude_from_weight_decay_reaches_the_inner_optimizer():
+    """The inner AdamW decays; exclusions made through the wrapper must reach it."""
+    bias, kernel = keras.Variable([1.0], name="bias"), keras.Variable([1.0], name="kernel")
+    opt = tf_amp.LossScaleOptimizer(keras.optimizers.AdamW(0.1, weight_decay=0.5), 1.0)
+    opt.exclude_from_weight_decay(var_names=["bias"])
+    opt.apply([tf.constant([0.0]), tf.constant([0.0])], [bias, kernel])
+    assert bias.numpy()[0] == 1.0  # excluded: a zero gradient leaves it
+    assert kernel.numpy()[0] == pytest.approx(0.95)  # decayed by lr * weight_decay
+
+
+def test_keras3_names_of_the_scale_variables():
+    """Code written for keras.optimizers.LossScaleOptimizer reads and assigns these."""
+    w = keras.Variable([1.0])
+    opt = tf_amp.LossScaleOptimizer(keras.optimizers.SGD(0.1), DynamicLossScale(8.0))
+    opt.apply([tf.constant([8.0])], [w])
+    assert float(opt.dynamic_scale) == 8.0 and int(opt.step_counter) == 1
+    opt.dynamic_scale.assign(2.0)
+    assert float(opt.loss_scale) == 2.0
+
+
 def test_two_optimizers_keep_their_own_scales():
     """GAN-style: generator and discriminator optimizers skip and back off independently."""
     g_w, d_w = keras.Variable([1.0]), keras.Variable([1.0])

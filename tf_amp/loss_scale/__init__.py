@@ -17,7 +17,10 @@ Typical use (what the optimizer wrappers do every step)::
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
+
+import numpy as np
 
 from tf_amp.loss_scale._base import LossScale, LossScaleState
 from tf_amp.loss_scale.dynamic import DynamicLossScale
@@ -37,7 +40,8 @@ __all__ = [
 def get(loss_scale: Any) -> LossScale:
     """Turns the ``loss_scale`` argument users pass into a policy, or says what to pass.
 
-    Accepts ``"dynamic"``, a positive number (static scale), or a ``LossScale`` instance.
+    Accepts ``"dynamic"``, a positive number (static scale: a Python or NumPy scalar, or a
+    0-d array or eager tensor), or a ``LossScale`` instance.
     """
     if isinstance(loss_scale, LossScale):
         return loss_scale
@@ -48,12 +52,31 @@ def get(loss_scale: Any) -> LossScale:
             f'loss_scale={loss_scale!r} is not understood; pass "dynamic", a positive number '
             "for a static scale, or a tf_amp.DynamicLossScale / StaticLossScale instance"
         )
-    if isinstance(loss_scale, bool) or not isinstance(loss_scale, (int, float)):
+    number = _as_number(loss_scale)
+    if number is None:
         raise TypeError(
             f'loss_scale must be "dynamic", a positive number or a tf_amp.LossScale, got '
             f"{type(loss_scale).__name__}"
         )
-    return StaticLossScale(loss_scale)
+    return StaticLossScale(number)
+
+
+def _as_number(value: Any) -> float | None:
+    """``value`` as a Python float when it is one number: a Python or NumPy scalar, or a
+    0-d array or eager tensor (``np.float32(128)``, ``tf.constant(128.0)``: what Keras's own
+    wrapper accepts); None for anything else, booleans included."""
+    if isinstance(value, (bool, np.bool_)):
+        return None
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if getattr(value, "shape", None) == () and hasattr(value, "dtype"):
+        dtype = np.dtype(getattr(value.dtype, "as_numpy_dtype", value.dtype))
+        if dtype.kind in "iuf":
+            try:
+                return float(value)  # raises for a symbolic (graph) tensor
+            except (TypeError, ValueError):
+                return None
+    return None
 
 
 def serialize(policy: LossScale) -> dict[str, Any]:

@@ -114,3 +114,11 @@ class DelegatesToInner:
 
     def finalize_variable_values(self, var_list: Sequence[Any]) -> None:
         self.inner_optimizer.finalize_variable_values(var_list)
+
+    def exclude_from_weight_decay(
+        self, var_list: Sequence[Any] | None = None, var_names: Sequence[str] | None = None
+    ) -> None:
+        """Excludes variables from the inner optimizer's weight decay: it is the one that
+        decays (Keras's base method would record them on the wrapper, where nothing reads
+        them, and the inner AdamW would go on decaying them)."""
+        self.inner_optimizer.exclude_from_weight_decay(var_list=var_list, var_names=var_names)

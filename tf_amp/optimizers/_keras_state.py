@@ -74,6 +74,18 @@ class LossScaleStateOwner(PolicyViews):
         return tf.convert_to_tensor(self._state_vars[1].value)
 
     @property
+    def dynamic_scale(self) -> Any:
+        """The scale's variable, under Keras 3's name for it (code written for
+        ``keras.optimizers.LossScaleOptimizer`` reads and assigns it)."""
+        return self._state_vars[0]
+
+    @property
+    def step_counter(self) -> Any:
+        """The variable counting finite steps since the scale last changed, under Keras 3's
+        name for it (``dynamic_counter`` reads its value)."""
+        return self._state_vars[1]
+
+    @property
     def skipped_steps(self) -> tf.Tensor:
         """Total number of skipped (non-finite) steps."""
         return tf.convert_to_tensor(self._state_vars[2].value)
