@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 import keras
 import numpy as np
@@ -509,6 +510,69 @@ def test_floor_warning_once_and_raise_after_consecutive_skips(capfd):
     assert "exceeds float16's range" in err and "float32 too" in err
     with pytest.raises(tf.errors.InvalidArgumentError, match="6 consecutive steps were skipped"):
         step()
+
+
+def _floor_run(jit_compile: bool) -> list[str]:
+    """From scale 4: five skips (down to the floor 1), a finite step (up to 2), six skips;
+    what the alarm says, and the step it raises on. Under XLA the checks run on the host
+    (``check_skips``)."""
+    w = keras.Variable([1.0])
+    opt = tf_amp.LossScaleOptimizer(
+        keras.optimizers.SGD(0.1),
+        DynamicLossScale(initial_scale=4.0, growth_interval=1),
+        max_consecutive_skips=6,
+    )
+    step = tf.function(lambda g: opt.apply([g], [w]), jit_compile=jit_compile)
+    said = []
+    values = [np.inf] * 5 + [1.0, np.nan, np.inf, np.nan, np.nan, np.inf, np.nan]
+    for i, value in enumerate(values):
+        try:
+            step(tf.constant([value]))
+            if jit_compile:
+                opt.check_skips()
+        except tf.errors.InvalidArgumentError as error:
+            words = re.search(r"\d+ consecutive steps were skipped", str(error))
+            said.append(f"step {i}: {words.group() if words else error}")
+            break
+    return said
+
+
+def test_floor_checks_of_an_xla_step_run_on_the_host_with_the_same_words(capfd, caplog):
+    """XLA compiles no print or assert: the trace says so, and check_skips() says on the host
+    what the step says in a graph XLA does not compile, on the same steps."""
+    in_graph = _floor_run(jit_compile=False)
+    graph_err = capfd.readouterr().err
+    with caplog.at_level("WARNING", logger="tf_amp"):
+        on_host = _floor_run(jit_compile=True)
+    host_err = capfd.readouterr().err
+    assert in_graph == on_host == ["step 11: 6 consecutive steps were skipped"]
+    warnings = [line for line in graph_err.splitlines() if line.startswith("WARNING tf_amp")]
+    assert [line for line in host_err.splitlines() if line.startswith("WARNING tf_amp")] == (
+        warnings
+    )
+    # fell to the floor (4 -> 2 -> 1, then 2 -> 1), stuck at it once per run of skips
+    assert [w.split(" the loss scale ")[1][:16] for w in warnings] == [
+        "fell to its floo", "is at its floor ", "fell to its floo", "is at its floor "
+    ]
+    assert "compiled with XLA" in caplog.text and "LossScaleCallback" in caplog.text
+
+
+def test_loss_scale_callback_enforces_max_consecutive_skips_in_a_jit_compiled_fit():
+    _, y = data()
+    x_bad = np.full_like(y, np.inf)  # every step's gradients are inf
+    inputs = keras.Input((1,))
+    model = keras.Model(inputs, keras.layers.Dense(1)(inputs))
+    opt = tf_amp.LossScaleOptimizer(
+        keras.optimizers.SGD(0.1), DynamicLossScale(initial_scale=4.0), max_consecutive_skips=3
+    )
+    model.compile(optimizer=opt, loss="mse", jit_compile=True)
+    model.fit(x_bad, y, batch_size=4, epochs=1, verbose=0)  # no check: XLA has none
+    assert int(opt.skipped_steps) == 8
+    opt.set_loss_scale(4.0)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="3 consecutive steps"):
+        model.fit(
+            x_bad, y, batch_size=4, epochs=1, verbose=0, callbacks=[LossScaleCallback()]
+        )
 
 
 def test_scale_and_skips_as_summaries_and_fit_logs(tmp_path):

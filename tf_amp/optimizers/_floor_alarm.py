@@ -1,17 +1,64 @@
 """The "stuck at the floor" alarm: the loss scale cannot help any more, and the user must hear.
 
 Printed from inside the graph (no host round trip on normal steps); shared by both wrappers and
-the environment's custom-loop path through :mod:`tf_amp.optimizers._apply_or_skip`.
+the environment's custom-loop path through :mod:`tf_amp.optimizers._apply_or_skip`. XLA
+compiles no print or assert op, so a step built with ``jit_compile`` gets no in-graph alarm:
+the trace says so once, and :class:`HostFloorAlarm` runs the same checks on the host from the
+state variables after a step (``LossScaleCallback`` does that in ``fit``; custom loops call
+the Keras wrapper's ``check_skips()``).
 """
 
 from __future__ import annotations
 
+import logging
 import sys
 
 import tensorflow as tf
 
 from tf_amp.loss_scale import LossScale, LossScaleState
 from tf_amp.ops import in_xla_context
+
+_LOG = logging.getLogger("tf_amp")
+
+CAUSES = (
+    "Either a value in the step exceeds float16's range (max 65504) even unscaled "
+    "(an overflow: inf, often turning into NaN further on), or the model, loss or "
+    "data produce inf/NaN in float32 too. If the float32 step is finite on the same "
+    "batch it is the first: keep the overflowing ops float32 (tf_amp.keep_float32, "
+    "RewriteConfig(exclude_scopes=...)); otherwise check inputs, the learning rate, "
+    "log/div/sqrt of values <= 0."
+)
+"""What is left to blame when steps are skipped with the scale at its floor."""
+
+_XLA_WARNED: list[bool] = []
+
+
+def fell_words(min_scale: float) -> tuple[str, str]:
+    """The warning when a skip brings the scale down to its floor, around the skip count."""
+    return (
+        f"WARNING tf_amp: the loss scale fell to its floor {min_scale:g} after",
+        "steps in a row were skipped for inf/NaN gradients; the steps were not applied. If "
+        f"skips continue at the floor: {CAUSES}",
+    )
+
+
+def stuck_words(min_scale: float) -> tuple[str, str]:
+    """The warning when steps keep being skipped at the floor, around the skip count."""
+    return (
+        f"WARNING tf_amp: the loss scale is at its floor {min_scale:g} and",
+        "steps in a row were skipped there: gradients are inf/NaN with the loss not scaled "
+        f"up. {CAUSES}",
+    )
+
+
+def too_many_skips(max_consecutive_skips: int) -> str:
+    """The error after ``max_consecutive_skips`` skipped steps in a row."""
+    return (
+        f"tf_amp LossScaleOptimizer: {max_consecutive_skips} consecutive steps were "
+        "skipped for inf/nan gradients (max_consecutive_skips); training is not "
+        "making progress (if the scale sat at its floor: values beyond float16's "
+        "range even unscaled, or an inf/NaN from the model, loss or data)."
+    )
 
 
 def floor_alarm(
@@ -33,47 +80,30 @@ def floor_alarm(
     tell apart: a value beyond float16's range even unscaled (inf, which often turns into NaN
     further on), or an inf/NaN the step would produce in float32 too. Returns a tensor to
     depend on, or None when there is nothing to check. Under ``jit_compile`` neither check is
-    built (XLA compiles no print or assert ops); skipping itself is unaffected.
+    built (XLA compiles no print or assert ops; the trace logs that once, see the module
+    docstring); skipping itself is unaffected.
     """
+    warns = policy.dynamic and floor_warning_skips > 0
     if in_xla_context():
+        if (warns or max_consecutive_skips) and not _XLA_WARNED:
+            _XLA_WARNED.append(True)
+            _LOG.warning(
+                "this train step is compiled with XLA (jit_compile), which compiles "
+                "no print or assert op, so the loss-scale floor warning and "
+                "max_consecutive_skips are not checked inside it (steps with inf/NaN "
+                "gradients are still skipped and counted). In fit, add "
+                "tf_amp.LossScaleCallback() to the callbacks: it checks both on the host "
+                "after each batch; in a custom loop call optimizer.check_skips() after a step."
+            )
         return None
     checks = []
-    if policy.dynamic and floor_warning_skips > 0:
+    if warns:
         min_scale = getattr(policy, "min_scale", 1.0)
-        causes = (
-            "Either a value in the step exceeds float16's range (max 65504) even unscaled "
-            "(an overflow: inf, often turning into NaN further on), or the model, loss or "
-            "data produce inf/NaN in float32 too. If the float32 step is finite on the same "
-            "batch it is the first: keep the overflowing ops float32 (tf_amp.keep_float32, "
-            "RewriteConfig(exclude_scopes=...)); otherwise check inputs, the learning rate, "
-            "log/div/sqrt of values <= 0."
-        )
+        fell_before, fell_after = fell_words(min_scale)
+        stuck_before, stuck_after = stuck_words(min_scale)
 
-        def warn_fell() -> tf.Tensor:
-            printed = tf.print(
-                "WARNING tf_amp: the loss scale fell to its floor",
-                min_scale,
-                "after",
-                state.consecutive_skips,
-                "steps in a row were skipped for inf/NaN gradients; the steps were not "
-                "applied. If skips continue at the floor:",
-                causes,
-                output_stream=sys.stderr,
-            )
-            with tf.control_dependencies([printed] if printed is not None else []):
-                return tf.constant(True)
-
-        def warn_stuck() -> tf.Tensor:
-            printed = tf.print(
-                "WARNING tf_amp: the loss scale is at its floor",
-                min_scale,
-                "and",
-                state.floor_skips,
-                "steps in a row were skipped there: gradients are inf/NaN with the loss "
-                "not scaled up.",
-                causes,
-                output_stream=sys.stderr,
-            )
+        def printed_true(*parts: object) -> tf.Tensor:
+            printed = tf.print(*parts, output_stream=sys.stderr)
             with tf.control_dependencies([printed] if printed is not None else []):
                 return tf.constant(True)
 
@@ -83,24 +113,70 @@ def floor_alarm(
                 tf.cast(previous.scale, tf.float32) > floor,
                 tf.cast(state.scale, tf.float32) <= floor,
             )
-            checks.append(tf.cond(fell, warn_fell, lambda: tf.constant(False)))
+            checks.append(
+                tf.cond(
+                    fell,
+                    lambda: printed_true(fell_before, state.consecutive_skips, fell_after),
+                    lambda: tf.constant(False),
+                )
+            )
         fire = tf.equal(state.floor_skips, floor_warning_skips)
-        checks.append(tf.cond(fire, warn_stuck, lambda: tf.constant(False)))
+        checks.append(
+            tf.cond(
+                fire,
+                lambda: printed_true(stuck_before, state.floor_skips, stuck_after),
+                lambda: tf.constant(False),
+            )
+        )
     if max_consecutive_skips:
         checks.append(
             tf.debugging.assert_less(
                 state.consecutive_skips,
                 tf.constant(max_consecutive_skips, tf.int64),
-                message=(
-                    f"tf_amp LossScaleOptimizer: {max_consecutive_skips} consecutive steps were "
-                    "skipped for inf/nan gradients (max_consecutive_skips); training is not "
-                    "making progress (if the scale sat at its floor: values beyond float16's "
-                    "range even unscaled, or an inf/NaN from the model, loss or data)."
-                ),
+                message=too_many_skips(max_consecutive_skips),
             )
         )
     if not checks:
         return None
-    checks = [c for c in checks if c is not None]
     with tf.control_dependencies(checks):
         return tf.constant(True)
+
+
+class HostFloorAlarm:
+    """The same two warnings and the same error as :func:`floor_alarm`, decided on the host
+    from the state variables read after one or more steps (for steps XLA compiles).
+
+    Reading after every step says what the in-graph alarm says, on the same step; reading less
+    often (``steps_per_execution``) still says each thing once, late by at most those steps.
+    """
+
+    def __init__(self) -> None:
+        self._last: tuple[float, int] | None = None  # (scale, floor_skips) at the last check
+
+    def check(
+        self,
+        policy: LossScale,
+        floor_warning_skips: int,
+        max_consecutive_skips: int | None,
+        state: LossScaleState,
+    ) -> None:
+        """Prints the warnings due since the last check of ``state`` (the wrapper's state,
+        read as numbers); raises ``InvalidArgumentError``, as the in-graph assert does, after
+        ``max_consecutive_skips`` skips in a row."""
+        scale, skips, floor_skips = (
+            float(state.scale), int(state.consecutive_skips), int(state.floor_skips)
+        )
+        last_scale, last_floor_skips = self._last or (float("inf"), 0)
+        if floor_skips < last_floor_skips:
+            last_floor_skips = 0  # a finite step in between started a new run of skips
+        self._last = (scale, floor_skips)
+        if policy.dynamic and floor_warning_skips > 0 and skips > 0:
+            min_scale = getattr(policy, "min_scale", 1.0)
+            if last_scale > min_scale >= scale:
+                before, after = fell_words(min_scale)
+                print(before, skips, after, file=sys.stderr)
+            if last_floor_skips < floor_warning_skips <= floor_skips:
+                before, after = stuck_words(min_scale)
+                print(before, floor_skips, after, file=sys.stderr)
+        if max_consecutive_skips and skips >= max_consecutive_skips:
+            raise tf.errors.InvalidArgumentError(None, None, too_many_skips(max_consecutive_skips))

@@ -82,6 +82,8 @@ class KerasLossScaleOptimizer(
         its floor (0 disables the warning).
       max_consecutive_skips: raise ``InvalidArgumentError`` after this many consecutive
         skipped steps (``None``: never).
+        A step compiled with XLA cannot print or assert, so there both checks run on the host:
+        in ``fit`` with ``LossScaleCallback``, in a custom loop with :meth:`check_skips`.
       name: optimizer name.
     """
 
