@@ -417,3 +417,28 @@ def test_env_activation_patches_tf_keras_and_restores_it_exactly() -> None:
     assert tf_keras_fit.held() == 3
     tf_amp.disable_mixed_precision_graph_rewrite()
     assert [vars(owner)[name] for owner, name in owners] == originals
+
+
+def test_check_skips_gives_an_xla_steps_floor_checks_on_the_host(capfd):
+    """A step compiled with XLA has no in-graph alarm; check_skips() says it and raises."""
+    w = tf.Variable([1.0])
+    opt = tf_amp.LossScaleOptimizer(
+        tf_keras.optimizers.SGD(0.1), DynamicLossScale(initial_scale=2.0), max_consecutive_skips=4
+    )
+
+    @tf.function(jit_compile=True)
+    def step(gradient: tf.Tensor) -> None:
+        opt.apply_gradients([(gradient, w)])
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # gradients of an unscaled loss: on purpose
+        for _ in range(3):  # 2 -> 1 (the floor), then two skips at the floor
+            step(tf.constant([np.inf]))
+            opt.check_skips()
+        err = capfd.readouterr().err
+        assert "fell to its floor 1 after 1 steps" in err
+        assert "at its floor 1 and 2 steps in a row" in err
+        step(tf.constant([np.inf]))
+        with pytest.raises(tf.errors.InvalidArgumentError, match="4 consecutive steps"):
+            opt.check_skips()
+    assert w.numpy()[0] == 1.0

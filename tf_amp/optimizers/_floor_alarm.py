@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import Any
 
 import tensorflow as tf
 
@@ -91,7 +92,7 @@ def floor_alarm(
                 "this train step is compiled with XLA (jit_compile), which compiles "
                 "no print or assert op, so the loss-scale floor warning and "
                 "max_consecutive_skips are not checked inside it (steps with inf/NaN "
-                "gradients are still skipped and counted). In fit, add "
+                "gradients are still skipped and counted). In Keras 3's fit, add "
                 "tf_amp.LossScaleCallback() to the callbacks: it checks both on the host "
                 "after each batch; in a custom loop call optimizer.check_skips() after a step."
             )
@@ -180,3 +181,31 @@ class HostFloorAlarm:
                 print(before, floor_skips, after, file=sys.stderr)
         if max_consecutive_skips and skips >= max_consecutive_skips:
             raise tf.errors.InvalidArgumentError(None, None, too_many_skips(max_consecutive_skips))
+
+
+class ChecksSkipsOnHost:
+    """Mixin of the Keras and tf_keras wrappers: :meth:`check_skips`."""
+
+    _state_vars: list[Any]
+    _policy: LossScale
+    enabled: bool
+    floor_warning_skips: int
+    max_consecutive_skips: int | None
+
+    def check_skips(self) -> None:
+        """Checks on the host what a step compiled with XLA (``jit_compile``) cannot check
+        inside itself: the floor warnings and ``max_consecutive_skips``, from the state the
+        last step left. Call it after each step of such a custom loop (``LossScaleCallback``
+        does in Keras 3's ``fit``); a step not compiled with XLA has checked already."""
+        if not self.enabled:
+            return
+        alarm = self.__dict__.get("_host_floor_alarm")
+        if alarm is None:  # set past the Keras / tf_keras attribute tracking: not state
+            alarm = HostFloorAlarm()
+            object.__setattr__(self, "_host_floor_alarm", alarm)
+        alarm.check(
+            self._policy,
+            self.floor_warning_skips,
+            self.max_consecutive_skips,
+            LossScaleState(*(v.numpy() for v in self._state_vars)),
+        )

@@ -15,11 +15,11 @@ import tensorflow as tf
 from tf_amp._upstream.keras import no_automatic_dependency_tracking
 from tf_amp.loss_scale import LossScale, LossScaleState
 from tf_amp.optimizers import _checkpoint_layout
-from tf_amp.optimizers._floor_alarm import HostFloorAlarm
+from tf_amp.optimizers._floor_alarm import ChecksSkipsOnHost
 from tf_amp.optimizers._policy_views import PolicyViews
 
 
-class LossScaleStateOwner(PolicyViews):
+class LossScaleStateOwner(ChecksSkipsOnHost, PolicyViews):
     """Creates the state variables (one per ``LossScaleState`` field); reads and sets the
     scale, its counters and its policy."""
 
@@ -49,7 +49,6 @@ class LossScaleStateOwner(PolicyViews):
             for field, value in zip(LossScaleState._fields, initial, strict=True)
         ]
         self._state_checkpoint = _checkpoint_layout.StateTrackable(self._state_vars)
-        self._host_floor_alarm = HostFloorAlarm()
 
     def _state(self) -> LossScaleState:
         return LossScaleState(*(v.value for v in self._state_vars))
@@ -93,19 +92,6 @@ class LossScaleStateOwner(PolicyViews):
     def skipped_steps(self) -> tf.Tensor:
         """Total number of skipped (non-finite) steps."""
         return tf.convert_to_tensor(self._state_vars[2].value)
-
-    def check_skips(self) -> None:
-        """Checks on the host what a step compiled with XLA (``jit_compile``) cannot check
-        inside itself: the floor warnings and ``max_consecutive_skips``, from the state the
-        last step left. Call it after each step of such a custom loop (``LossScaleCallback``
-        does in ``fit``); for steps not compiled with XLA the step has checked already."""
-        if self.enabled:
-            self._host_floor_alarm.check(
-                self._policy,
-                self.floor_warning_skips,
-                self.max_consecutive_skips,
-                LossScaleState(*(v.numpy() for v in self._state_vars)),
-            )
 
     def loss_scale_metrics(self) -> dict[str, tf.Tensor]:
         """``{"loss_scale": ..., "skipped_steps": ...}`` for logs, progress bars, TensorBoard."""

@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from tf_amp._upstream import tensorflow as upstream_tf
 from tf_amp.loss_scale import LossScale, LossScaleState
+from tf_amp.optimizers._floor_alarm import ChecksSkipsOnHost
 from tf_amp.optimizers._policy_views import PolicyViews
 
 # Checkpoint names of the state, in LossScaleState order. The first two are the names tf_keras's
@@ -51,7 +52,7 @@ def create_state_variables(policy: LossScale) -> list[tf.Variable]:
         ]
 
 
-class TfKerasScaleState(PolicyViews):
+class TfKerasScaleState(ChecksSkipsOnHost, PolicyViews):
     """Mixin: the scale, its counters and its policy, read (and the scale set) by name."""
 
     _policy: LossScale
