@@ -172,3 +172,13 @@ def test_config_validates_fields() -> None:
         RewriteConfig(target_dtype="float64")
     with pytest.raises(TypeError, match="lists"):
         RewriteConfig(lists={"allow": []})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("field", ["preserve_nodes", "exclude_scopes", "slow_nodes"])
+def test_a_names_field_refuses_one_bare_string(field: str) -> None:
+    """A string would be read as its letters and protect nothing, silently."""
+    with pytest.raises(TypeError, match=rf"{field} must be a collection of names.*\('Identity',\)"):
+        RewriteConfig(**{field: "Identity"})
+    with pytest.raises(TypeError, match=f"{field} must be a collection of names"):
+        RewriteConfig(**{field: [1]})
+    assert set(getattr(RewriteConfig(**{field: (n for n in ["Identity"])}), field)) == {"Identity"}

@@ -112,6 +112,19 @@ def test_const_read_only_by_half_ops_is_folded_to_a_half_const() -> None:
     assert dtype_of(out4, "w", "dtype") == FLOAT
 
 
+def test_a_preserved_name_the_graph_lacks_is_named_in_a_warning(caplog) -> None:
+    """A mistyped name keeps nothing (the output may turn half): the log must say so."""
+    gd = build(mlp)
+    with caplog.at_level(logging.WARNING, logger="tf_amp"):
+        rewrite_graph_def(gd, RewriteConfig(preserve_nodes={"sum", "no_such_node"}))
+    assert "1 node(s) the graph does not have" in caplog.text
+    assert "no_such_node" in caplog.text and "sum," not in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="tf_amp"):
+        rewrite_graph_def(gd, RewriteConfig(preserve_nodes={"sum"}))
+    assert "does not have" not in caplog.text
+
+
 def node_value(gd: graph_pb2.GraphDef, name: str) -> np.ndarray:
     node = next(n for n in gd.node if n.name == name)
     return tf.make_ndarray(node.attr["value"].tensor)

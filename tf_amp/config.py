@@ -182,10 +182,12 @@ class RewriteConfig:
 
     def __post_init__(self) -> None:
         # Accept tensor names too ("loss:0", "^train"): preservation is per node.
-        nodes = frozenset(n.lstrip("^").split(":")[0] for n in self.preserve_nodes)
+        nodes = frozenset(
+            n.lstrip("^").split(":")[0] for n in _names("preserve_nodes", self.preserve_nodes)
+        )
         object.__setattr__(self, "preserve_nodes", nodes)
-        object.__setattr__(self, "exclude_scopes", tuple(self.exclude_scopes))
-        object.__setattr__(self, "slow_nodes", frozenset(self.slow_nodes))
+        object.__setattr__(self, "exclude_scopes", _names("exclude_scopes", self.exclude_scopes))
+        object.__setattr__(self, "slow_nodes", frozenset(_names("slow_nodes", self.slow_nodes)))
         object.__setattr__(self, "level", self.level.upper())
         _check_choice("target_dtype", self.target_dtype, ("auto",) + RESOLVED_TARGETS)
         _check_choice("eligible_devices", self.eligible_devices, ELIGIBLE_DEVICES)
@@ -314,6 +316,20 @@ class RewriteConfig:
 def _lists_target(target_dtype: str) -> str:
     """Whose default lists a target uses: a float32 target rewrites nothing, so any will do."""
     return "float16" if target_dtype == "float32" else target_dtype
+
+
+def _names(name: str, value: object) -> tuple[str, ...]:
+    """The names a field holds, checked: a collection of strings. One bare string would be
+    read as its letters ("Identity" -> {"I", "d", ...}), which protects or excludes nothing
+    and says nothing, so it is an error."""
+    if isinstance(value, (str, bytes)):
+        raise TypeError(
+            f"{name} must be a collection of names, not one string: pass ({value!r},)"
+        )
+    names = tuple(value) if isinstance(value, Iterable) else None
+    if names is None or not all(isinstance(v, str) for v in names):
+        raise TypeError(f"{name} must be a collection of names (strings), got {value!r}")
+    return names
 
 
 def _check_choice(name: str, value: object, choices: Iterable[str]) -> None:

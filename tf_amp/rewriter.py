@@ -128,6 +128,7 @@ def _rewrite(
         f.signature.name: function_op_info(f) for f in out.library.function
     }
 
+    _warn_missing_preserved(out, config.preserve_nodes)
     bodies: list[tuple[str, Any, Any]] = [("", out, None)]
     if config.rewrite_functions:
         bodies.extend((f.signature.name, f, f) for f in out.library.function)
@@ -185,6 +186,23 @@ def _rewrite(
 
         write_rewrite_logs(config.log_dir, graph_def, out, report)
     return RewriteResult(out, report)
+
+
+def _warn_missing_preserved(graph_def: graph_pb2.GraphDef, preserve: frozenset[str]) -> None:
+    """Says which ``preserve_nodes`` name no node of the main graph: a mistyped name protects
+    nothing, and when it replaced the default (a graph's outputs) an output may turn half. A
+    warning, not an error: one config serves many graphs (each traced function of a
+    ``tf_amp.function``), and a name may belong to another of them."""
+    if not preserve:
+        return
+    missing = preserve.difference(node.name for node in graph_def.node)
+    if missing:
+        logger.warning(
+            "preserve_nodes names %d node(s) the graph does not have, so nothing is kept for "
+            "them: %s",
+            len(missing),
+            ", ".join(sorted(missing)[:10]) + (", ..." if len(missing) > 10 else ""),
+        )
 
 
 _BATCH_NORM_V2 = {
