@@ -348,6 +348,20 @@ def test_empty_graph_is_nothing_to_do() -> None:
 
 
 # ---------------------------------------------------------------------------- log dir
+def test_a_log_dir_that_cannot_be_written_is_a_clear_error(tmp_path, tf1_graph) -> None:  # noqa: ANN001
+    """The error names the log directory and the variables that set it, not just an errno
+    from deep inside a training step; the input graph is left as it was."""
+    gd = tf1_graph.graph_def
+    before = gd.SerializeToString()
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    for bad in (a_file, a_file / "logs"):
+        cfg = RewriteConfig(log_dir=str(bad), preserve_nodes=frozenset(tf1_graph.fetches))
+        with pytest.raises(OSError, match=r"rewrite logs to .*TF_AMP_LOG_PATH"):
+            rewrite_graph_def(gd, cfg)
+    assert gd.SerializeToString() == before
+
+
 def test_log_dir_files_and_tensorboard_event(tmp_path, tf1_graph) -> None:  # noqa: ANN001
     gd = tf1_graph.graph_def
     assert any("_class" in n.attr for n in gd.node)  # TF1 variables carry colocation

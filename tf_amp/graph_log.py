@@ -63,7 +63,25 @@ def write_event_graph(run_dir: str, graph_def: graph_pb2.GraphDef) -> str:
 def write_rewrite_logs(
     log_dir: str, before: graph_pb2.GraphDef, after: graph_pb2.GraphDef, report: RewriteReport
 ) -> dict[str, str]:
-    """Write every log file; returns {kind: path}."""
+    """Write every log file; returns {kind: path}.
+
+    Raises ``OSError`` naming the log directory and where it is set when it cannot be
+    written: the bare error (``[Errno 2] No such file or directory: '/proc/x'``) would
+    surface from deep inside a training step without saying that a log path caused it.
+    """
+    try:
+        return _write_rewrite_logs(log_dir, before, after, report)
+    except OSError as error:
+        raise OSError(
+            f"cannot write tf_amp's rewrite logs to {log_dir!r} (RewriteConfig.log_dir, from "
+            "TF_AMP_LOG_PATH or TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_LOG_PATH when set): "
+            f"{error.strerror or error}; point it at a writable directory, or unset it"
+        ) from error
+
+
+def _write_rewrite_logs(
+    log_dir: str, before: graph_pb2.GraphDef, after: graph_pb2.GraphDef, report: RewriteReport
+) -> dict[str, str]:
     os.makedirs(log_dir, exist_ok=True)
     stamp = f"{os.getpid()}_{next(_COUNTER)}_{int(time.time() * 1000)}"
     paths: dict[str, str] = {}
