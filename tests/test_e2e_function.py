@@ -144,6 +144,28 @@ def test_model_without_convertible_ops_runs_unchanged_with_one_log_line(
     assert not half_ops_of_functions(fn.concrete_functions())
 
 
+def test_a_float32_target_is_said_once_and_reported_with_the_graphs_size(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Nothing to rewrite still says what was chosen and why (once, for every trace), and
+    the report counts the traced graph's nodes (it said "Converted 0/0")."""
+    reason = "no reduced precision is fast here (this test's reason)"
+    config = RewriteConfig(target_dtype="float32", target_reason=reason)
+    w = tf.Variable(tf.ones((8, 8)))
+    fn = tf_amp.function(lambda t: tf.matmul(t, w), config=config)
+    with caplog.at_level(logging.INFO, logger="tf_amp"):
+        fn(tf.ones((2, 8)))
+        fn(tf.ones((3, 8)))  # a second trace
+    said = [r.getMessage() for r in caplog.records if r.name == "tf_amp"]
+    assert said == [f"target float32, without loss scaling: {reason}"]
+    assert len(fn.reports) == 2 and fn.reports[0].nodes_before > 0
+    assert fn.reports[0].summary_line() == (
+        f"Converted 0/{fn.reports[0].nodes_before} nodes: target float32, graph left "
+        f"unchanged ({reason})"
+    )
+    assert not half_ops_of_functions(fn.concrete_functions())
+
+
 def test_excluded_name_scope_stays_float32() -> None:
     w = tf.Variable(tf.ones((8, 8)))
 

@@ -69,11 +69,18 @@ def process_target(announce: bool = True) -> hardware.TargetChoice:
     What ``enable_mixed_precision_graph_rewrite`` and the environment activation decide by."""
     config = RewriteConfig.from_env()
     choice = hardware.TargetChoice(config.target_dtype, config.target_reason)
-    if announce and choice not in _ANNOUNCED:
+    if announce:
+        announce_target(choice)
+    return choice
+
+
+def announce_target(choice: hardware.TargetChoice) -> None:
+    """Says ``choice`` in the log, once per process per choice: the dtype, whether loss
+    scaling comes with it, and why."""
+    if choice not in _ANNOUNCED:
         _ANNOUNCED.add(choice)
         scaling = "with" if choice.needs_loss_scaling else "without"
         _LOG.info("target %s, %s loss scaling: %s", choice.dtype, scaling, choice.reason)
-    return choice
 
 
 def mark_target_announced(choice: hardware.TargetChoice) -> None:

@@ -94,8 +94,14 @@ class RewriteReport:
         return self.type_attrs_converted > 0
 
     def summary_line(self) -> str:
-        """TensorFlow's log line, word for word."""
+        """TensorFlow's log line, word for word; for a float32 target (nothing is faster in
+        reduced precision here), the same opening and why nothing was converted."""
         t = self.target_dtype
+        if t == "float32":
+            return (
+                f"Converted 0/{self.nodes_before} nodes: target float32, graph left unchanged "
+                f"({self.target_reason})"
+            )
         return (
             f"Converted {self.type_attrs_converted}/{self.nodes_before} nodes to {t} precision "
             f"using {self.casts_to_half} cast(s) to {t} (excluding Const and Variable casts)"

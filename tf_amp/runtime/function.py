@@ -42,12 +42,21 @@ __all__ = [
 ]
 
 
-def _unchanged_report(config: Any) -> Any:
-    """The report of a trace left as traced, saying why (the target, or opt level O0)."""
+def _unchanged_report(config: Any, graph: Any) -> Any:
+    """The report of a trace left as traced, saying why (the target, or opt level O0); the
+    choice is said in the log once, as every other way in says it."""
+    from tf_amp import hardware
+    from tf_amp.config import announce_target
     from tf_amp.report import RewriteReport
 
-    reason = config.target_reason if config.opt_level != "O0" else "opt level O0"
-    return RewriteReport(target_dtype=config.target_dtype, target_reason=reason)
+    if config.opt_level == "O0":
+        reason = "opt level O0"
+    else:
+        reason = config.target_reason
+        announce_target(hardware.TargetChoice(config.target_dtype, reason))
+    report = RewriteReport(target_dtype=config.target_dtype, target_reason=reason)
+    report.nodes_before = len(graph.get_operations())
+    return report
 
 
 class Function:
@@ -115,7 +124,7 @@ class Function:
             config = None if self._caller_rewrite else self._config()
             if config is not None and not config.rewrites:
                 rebuilt = original  # float32 target or O0: nothing would change, no rebuild
-                self.reports.append(_unchanged_report(config))
+                self.reports.append(_unchanged_report(config, original.graph))
             else:
                 rebuilt = rebuild_concrete_function(
                     original, self._rewrite_fn(), self._jit_compile,
