@@ -447,9 +447,15 @@ def test_enabled_false_is_the_inner_optimizer():
     disabled = tf_amp.LossScaleOptimizer(keras.optimizers.SGD(), enabled=False)
     assert float(disabled.scale_loss(tf.constant(3.0))) == 3.0
     assert float(disabled.loss_scale) == 1.0
+    # what it does, not the policy it would use if enabled (which the config keeps)
+    assert (disabled.dynamic, disabled.initial_scale, disabled.dynamic_growth_steps) == (
+        False, 1.0, None
+    )
+    assert disabled.dynamic_counter is None and disabled.loss_scale_policy.dynamic
     # and it round-trips through get_config
     restored = KerasLossScaleOptimizer.from_config(disabled.get_config())
     assert restored.enabled is False and float(restored.loss_scale) == 1.0
+    assert restored.loss_scale_policy == disabled.loss_scale_policy
 
 
 def test_static_scale_is_settable_and_counts_skips():
