@@ -287,3 +287,37 @@ def test_gradients_flow_through_a_rewritten_function() -> None:
         total = tf.reduce_sum(forward(tf.ones((2, 4))))
     np.testing.assert_allclose(tape.gradient(total, w).numpy(), 2.0)
     assert "MatMul" in half_ops_of_functions(forward.concrete_functions())
+
+
+METHOD_SCRIPT = """
+import tensorflow as tf, tf_amp
+
+class Scaler(tf.Module):
+    def __init__(self):
+        self.w = tf.Variable(tf.ones([8, 8]))
+
+    @tf_amp.function
+    def __call__(self, x):
+        return tf.matmul(x, self.w)
+
+print(float(Scaler()(tf.ones([2, 8]))[0, 0]))
+"""
+
+
+def test_a_method_decorated_without_deprecated_arguments_gets_no_deprecation_warning() -> None:
+    """tf_amp.function passes tf.function only the arguments the user gave: passing
+    experimental_follow_type_hints=None made TensorFlow log that it is deprecated. In a
+    fresh process, because TensorFlow logs each deprecation once per process."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root, TF_CPP_MIN_LOG_LEVEL="2")
+    done = subprocess.run(
+        [sys.executable, "-c", METHOD_SCRIPT], env=env, capture_output=True, text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "8.0"
+    assert "deprecated" not in done.stderr, done.stderr[-2000:]

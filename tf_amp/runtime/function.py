@@ -279,6 +279,10 @@ def function(
         "experimental_follow_type_hints": experimental_follow_type_hints,
     }
 
+    # None is each argument's tf.function default; passing it anyway makes TensorFlow warn
+    # that experimental_follow_type_hints is deprecated, for a user who never used it.
+    tf_kwargs = {key: value for key, value in tf_kwargs.items() if value is not None}
+
     def decorate(fn: Callable[..., Any]) -> Function:
         return Function(fn, rewrite_config=config, jit_compile=jit_compile, **tf_kwargs)
 
