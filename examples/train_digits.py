@@ -256,8 +256,9 @@ def report(fp32: RunResult, amp: RunResult, logdir: str, seed: int) -> None:
     print(f"float32         test accuracy: {fp32.accuracy:.4f}   ({fp32.seconds:.1f} s)")
     print(f"{name:<15} test accuracy: {amp.accuracy:.4f}   ({amp.seconds:.1f} s)")
     ratio = amp.epoch_seconds / fp32.epoch_seconds
+    which = "first epoch left out" if FLAGS.epochs > 1 else "the only epoch, tracing included"
     print(
-        f"epoch time, first epoch left out: float32 {fp32.epoch_seconds:.2f} s, {name} "
+        f"epoch time, {which}: float32 {fp32.epoch_seconds:.2f} s, {name} "
         f"{amp.epoch_seconds:.2f} s: {ratio:.2f}x float32 ({1 / ratio:.2f}x as fast)"
     )
     if amp.target == "float32":
