@@ -751,6 +751,42 @@ def test_checkpoint_restores_into_a_fresh_unbuilt_wrapper(tmp_path):
     assert bit_equal(snapshot(model2, opt2), snapshot(model, opt))
 
 
+@pytest.mark.parametrize("built", [False, True])
+def test_a_keras3_loss_scale_optimizer_checkpoint_restores_into_the_wrapper(tmp_path, built):
+    """Keras 3's wrapper writes its own layout (its unused iterations and a variable list at
+    its node, the inner optimizer under inner_optimizer): its names overlap ours, and read as
+    ours they reset iterations and fed an int64 counter to a float32 slot (RestoreV2 error)."""
+    w_keras = tf.Variable([1.0, -2.0])
+    theirs = keras.optimizers.LossScaleOptimizer(
+        keras.optimizers.Adam(0.1), initial_scale=8.0, dynamic_growth_steps=2
+    )
+    for _ in range(3):  # the scale grows after two finite steps; one more step is counted
+        with tf.GradientTape() as tape:
+            loss = theirs.scale_loss(tf.reduce_sum(w_keras**2))
+        theirs.apply(tape.gradient(loss, [w_keras]), [w_keras])
+    path = tf.train.Checkpoint(optimizer=theirs, w=w_keras).save(str(tmp_path / "keras"))
+
+    w = tf.Variable([0.0, 0.0])
+    ours = tf_amp.LossScaleOptimizer(keras.optimizers.Adam(0.1), DynamicLossScale(8.0, 2))
+    if built:
+        ours.build([w])
+    tf.train.Checkpoint(optimizer=ours, w=w).restore(path)
+    if not built:
+        ours.build([w])
+    assert int(ours.iterations) == 3 and float(ours.loss_scale) == 16.0
+    assert int(ours.dynamic_counter) == 1 and int(ours.skipped_steps) == 0
+    for mine, keras_variable in zip(
+        ours.inner_optimizer.variables, theirs.inner_optimizer.variables, strict=True
+    ):
+        np.testing.assert_array_equal(mine.numpy(), keras_variable.numpy())
+    for optimizer, variable in ((theirs, w_keras), (ours, w)):  # and they go on alike
+        with tf.GradientTape() as tape:
+            loss = optimizer.scale_loss(tf.reduce_sum(variable**2))
+        optimizer.apply(tape.gradient(loss, [variable]), [variable])
+    np.testing.assert_array_equal(w.numpy(), w_keras.numpy())
+    assert float(ours.loss_scale) == float(theirs.dynamic_scale) == 32.0
+
+
 def test_accepts_the_argument_names_of_the_tf2_and_keras_wrappers():
     opt = tf_amp.LossScaleOptimizer(
         keras.optimizers.SGD(), initial_scale=2.0**10, dynamic_growth_steps=50

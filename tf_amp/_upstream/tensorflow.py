@@ -47,6 +47,13 @@ Optimizer wrappers (``tf_amp.optimizers``)
     dependencies to the inner optimizer, as tf_keras's own ``LossScaleOptimizer`` (their base)
     does, so tf.keras 2.x checkpoints keep their layout; its ``__init__`` is not run, so the
     wrappers call the mixin's and keep their constructor's attributes out of tracking.
+  * ``restore._queue_children_for_restoration``'s ``checkpoint_position`` (a local variable,
+    read from its frame by :func:`restoring_child_names`) -- a checkpoint's child names at the
+    Keras wrapper's node: Keras 3's own wrapper writes a layout whose names overlap tf_amp's,
+    and TensorFlow asks for the children one name at a time, so only all the names together
+    say which layout is being restored.
+  * ``tf.__internal__.tracking.Trackable`` -- the base of the stand-in that takes a Keras 3
+    wrapper's unused entries and restores nothing.
   * ``tf.__internal__.distribute.strategy_supports_no_merge_call`` -- whether the strategy can
     run the apply-or-skip ``tf.cond`` in the replica context, or needs ``merge_call`` (as
     Keras's own loss-scale optimizer asks).
@@ -137,9 +144,30 @@ could_possibly_record = record.could_possibly_record
 copy_handle_data = handle_data_util.copy_handle_data
 has_default_summary_writer = summary_ops_v2.has_default_writer
 AutoTrackable = tf.__internal__.tracking.AutoTrackable
+Trackable = tf.__internal__.tracking.Trackable
 DelegatingTrackableMixin = tf.__internal__.tracking.DelegatingTrackableMixin
 no_automatic_dependency_tracking = tf.__internal__.tracking.no_automatic_dependency_tracking
 strategy_supports_no_merge_call = tf.__internal__.distribute.strategy_supports_no_merge_call
+
+
+def restoring_child_names(trackable: Any) -> frozenset[str] | None:
+    """While TensorFlow restores a checkpoint into ``trackable``'s children, the names of the
+    children the checkpoint has at its node; None when not called from there.
+
+    TensorFlow's ``restore._queue_children_for_restoration(checkpoint_position, ...)`` calls
+    ``trackable._lookup_dependency(name, ...)`` for each child with nothing else, so the names
+    are read from that function's ``checkpoint_position`` a few frames up. Meant to be called
+    from ``_lookup_dependency``.
+    """
+    frame = sys._getframe(1)  # noqa: SLF001
+    for _ in range(4):  # _lookup_dependency, a helper of it, the queueing function
+        frame = frame.f_back
+        if frame is None:
+            return None
+        position = frame.f_locals.get("checkpoint_position")
+        if position is not None and getattr(position, "trackable", None) is trackable:
+            return frozenset(child.local_name for child in position.object_proto.children)
+    return None
 
 
 def add_function_def(function_def: Any) -> None:
@@ -178,6 +206,7 @@ __all__ = [
     "InteractiveSession",
     "Session",
     "TfFunction",
+    "Trackable",
     "_pywrap_events_writer",
     "_pywrap_util_port",
     "add_function_def",
@@ -192,6 +221,7 @@ __all__ = [
     "kernels",
     "op_def_registry",
     "pywrap_tf_session",
+    "restoring_child_names",
     "retype_tf_function",
     "session_manager",
     "strategy_supports_no_merge_call",

@@ -8,17 +8,37 @@ plain optimizer (the ``loss_scale`` entry is left over: ``expect_partial()``), a
 optimizer's checkpoint restores into the wrapper (whose scale then starts afresh). The
 wrapper's own ``iterations`` / ``learning_rate`` variables, which Keras's base class creates and
 nothing reads, are not saved.
+
+Keras 3's own ``keras.optimizers.LossScaleOptimizer`` writes another layout, which restores
+into the wrapper too: the inner optimizer under ``inner_optimizer``, the scale as
+``dynamic_scale``, the count of finite steps since it changed as ``step_counter`` (the other
+counters start at 0), and at its own node its unused ``_iterations`` / ``_learning_rate`` (0)
+and a ``_variables`` list of its four variables. Those three names are names of the layout
+above too: read as ours they would reset the inner optimizer's ``iterations`` and learning
+rate to 0 and match an int64 counter to a float32 slot (RestoreV2 fails). So where the
+checkpoint's node has ``inner_optimizer`` they are bound to stand-ins that restore nothing.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from tf_amp._upstream.tensorflow import AutoTrackable
+import tensorflow as tf
+
+from tf_amp._upstream.tensorflow import AutoTrackable, Trackable, restoring_child_names
 from tf_amp.loss_scale import LossScaleState
 
 STATE_CHILD = "loss_scale"
 """Checkpoint name of the loss-scale state under the optimizer's own node."""
+
+KERAS_INNER_CHILD = "inner_optimizer"
+"""Where Keras 3's wrapper writes its inner optimizer; a child only its layout has."""
+
+KERAS_OWN_CHILDREN = ("_iterations", "_learning_rate", "_variables")
+"""Keras 3's wrapper's own, unused entries, under names of the inner optimizer's layout."""
+
+KERAS_STATE_CHILDREN = {"dynamic_scale": 0, "step_counter": 1}
+"""Keras 3's names of its scale variables -> the index of the same state in ours."""
 
 
 class StateTrackable(AutoTrackable):
@@ -30,11 +50,43 @@ class StateTrackable(AutoTrackable):
             setattr(self, field, variable)
 
 
+class _Unused(Trackable):
+    """Takes one of a Keras 3 wrapper's unused entries: reads its value (in the dtype of the
+    same-named variable of ours, which is the saved one: int64 iterations, float32 rate) and
+    keeps nothing; a list has no children to restore."""
+
+    def __init__(self, same_name: Any) -> None:
+        self._same_name = same_name
+
+    def _trackable_children(self, save_type: str = "checkpoint", **kwargs: Any) -> dict:
+        return {}
+
+    def _serialize_to_tensors(self) -> dict:
+        return self._same_name._serialize_to_tensors()  # noqa: SLF001
+
+    def _restore_from_tensors(self, restored_tensors: dict) -> Any:
+        return tf.no_op()
+
+
 def children(wrapper: Any, save_type: str, **kwargs: Any) -> dict[str, Any]:
     """The inner optimizer's checkpoint children, plus the loss-scale state."""
     found = dict(wrapper.inner_optimizer._trackable_children(save_type, **kwargs))  # noqa: SLF001
     found[STATE_CHILD] = wrapper._state_checkpoint  # noqa: SLF001
     return found
+
+
+def lookup(wrapper: Any, name: str, found: dict[str, Any]) -> Any:
+    """The object a restore binds the checkpoint's child ``name`` to (module docstring)."""
+    if name == KERAS_INNER_CHILD:
+        return wrapper.inner_optimizer
+    if name in KERAS_STATE_CHILDREN:
+        return wrapper._state_vars[KERAS_STATE_CHILDREN[name]]  # noqa: SLF001
+    same_name = found.get(name)
+    if name in KERAS_OWN_CHILDREN and same_name is not None:
+        names = restoring_child_names(wrapper)
+        if names is not None and KERAS_INNER_CHILD in names:
+            return _Unused(same_name)
+    return same_name
 
 
 class InnerCheckpointLayout:
@@ -47,7 +99,7 @@ class InnerCheckpointLayout:
     def _lookup_dependency(self, name: str, cached_dependencies: Any = None) -> Any:
         if cached_dependencies is None:  # the wrapper tracking its own attributes
             return super()._lookup_dependency(name)
-        return cached_dependencies.get(name)  # a restore, given the children above
+        return lookup(self, name, cached_dependencies)  # a restore, given the children above
 
     @property
     def _deferred_dependencies(self) -> dict:
