@@ -219,3 +219,30 @@ def test_graph_def_outputs_keep_float32_without_preserve(tmp_path: Path) -> None
         tf.graph_util.import_graph_def(rewritten, name="")
         logits = tf.compat.v1.get_default_graph().get_tensor_by_name("logits:0")
         assert logits.dtype == tf.float32
+
+
+def _float32_target(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Makes ``auto`` resolve to float32, as on a CPU without fast 16-bit kernels."""
+    from tf_amp import hardware
+
+    monkeypatch.delenv("TF_AMP_TARGET_DTYPE", raising=False)
+    monkeypatch.setattr(
+        hardware, "choose_target", lambda *a, **k: hardware.TargetChoice("float32", "test")
+    )
+
+
+def test_probe_reads_its_input_before_looking_at_the_target(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A missing or malformed GraphDef is an error even where there is nothing to time."""
+    _float32_target(monkeypatch)
+    assert cli.main(["probe", str(tmp_path / "nope.pb")]) == 2
+    assert "nope.pb" in capsys.readouterr().err
+    (tmp_path / "bad.pbtxt").write_text("garbage {{")
+    assert cli.main(["probe", str(tmp_path / "bad.pbtxt")]) == 2
+    assert "not a text GraphDef" in capsys.readouterr().err
+    good = tmp_path / "in.pb"
+    cli.write_graph_def(_matmul_graph_def(), str(good))
+    assert cli.main(["probe", str(good)]) == 0
+    assert "nothing to time: the target is float32" in capsys.readouterr().out
+

@@ -32,13 +32,15 @@ def run_probe(args: argparse.Namespace) -> int:
     from tf_amp import probe
     from tf_amp.config import RewriteConfig
 
+    # The input first: a missing or unreadable file is an error whatever the target, not
+    # hidden behind "nothing to time" where the target resolves to float32.
+    graph_def = read_graph_def(args.input)
     overrides = {"target_dtype": args.target_dtype} if args.target_dtype else {}
     config = RewriteConfig.from_env(**overrides)
     print(f"target: {config.target_dtype} ({config.target_reason})")
     if not config.rewrites:
         print("nothing to time: the target is float32")
         return 0
-    graph_def = read_graph_def(args.input)
     lists = config.resolved_lists()
     categories = {op: lists.category(op) for op in {n.op for n in graph_def.node}}
     timings = probe.probe_graph(graph_def, config.target_dtype, categories, args.repeats)
