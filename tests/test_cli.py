@@ -246,3 +246,20 @@ def test_probe_reads_its_input_before_looking_at_the_target(
     assert cli.main(["probe", str(good)]) == 0
     assert "nothing to time: the target is float32" in capsys.readouterr().out
 
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["probe", "in.pb", "--repeats", "0"], "--repeats"),
+        (["probe", "in.pb", "--repeats", "two"], "--repeats"),
+        (["inspect", "logs", "--islands", "-1"], "--islands"),
+    ],
+)
+def test_counts_are_checked_by_the_parser(
+    argv: list[str], flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main(argv)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {flag}:" in err and "Traceback" not in err

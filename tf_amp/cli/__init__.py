@@ -23,7 +23,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from tf_amp.cli import inspect_command, lists_command, rewrite_command
 from tf_amp.cli.graph_files import read_graph_def, write_graph_def
@@ -98,7 +98,9 @@ def _parser() -> argparse.ArgumentParser:
 
     inspect = sub.add_parser("inspect", help="summarise a rewrite log directory")
     inspect.add_argument("logdir")
-    inspect.add_argument("--islands", type=int, default=5, help="float32 islands to show")
+    inspect.add_argument(
+        "--islands", type=_count(0), default=5, help="float32 islands to show"
+    )
     inspect.set_defaults(handler=inspect_command.run)
 
     lists = sub.add_parser("lists", help="show the effective op lists")
@@ -111,6 +113,28 @@ def _parser() -> argparse.ArgumentParser:
     )
     probe.add_argument("input", help="GraphDef file (.pb / .pbtxt)")
     probe.add_argument("--target-dtype", choices=("auto", "float16", "bfloat16"))
-    probe.add_argument("--repeats", type=int, default=5, help="interleaved rounds per op")
+    probe.add_argument(
+        "--repeats", type=_count(1), default=5, help="interleaved rounds per op"
+    )
     probe.set_defaults(handler=lists_command.run_probe)
     return parser
+
+
+def _count(minimum: int) -> Callable[[str], int]:
+    """An argparse type for a whole number of at least ``minimum``.
+
+    A plain ``int`` lets ``--repeats 0`` through to a median of nothing and ``--islands -1``
+    through to a list slice that silently drops the last island; argparse's error names the
+    flag instead.
+    """
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be {minimum} or more, got {value}")
+        return value
+
+    return parse
