@@ -263,3 +263,17 @@ def test_counts_are_checked_by_the_parser(
     assert exited.value.code == 2
     err = capsys.readouterr().err
     assert f"argument {flag}:" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("content", [bytes(range(7, 207)), b""], ids=["corrupt", "empty"])
+def test_a_damaged_saved_model_is_named_in_the_error(
+    tmp_path: Path, content: bytes, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = tmp_path / "badsm"
+    source.mkdir()
+    (source / "saved_model.pb").write_bytes(content)
+    target = tmp_path / "out"
+    assert cli.main(["rewrite", "--target-dtype", "float16", str(source), str(target)]) == 2
+    err = capsys.readouterr().err
+    assert str(source / "saved_model.pb") in err and "is not a" in err and "SavedModel" in err
+    assert "Traceback" not in err and not target.exists()

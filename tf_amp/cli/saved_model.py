@@ -27,16 +27,13 @@ def rewrite_saved_model(source: str, target: str, config: Any) -> Any:
     ``assets.extra/tf_amp_rewrite.json`` marker) or an empty directory, and never when it is or
     contains IN: anything else there is the user's, and is not ours to delete.
     """
-    from tensorflow.core.protobuf import saved_model_pb2
-
     from tf_amp.rewriter import rewrite_graph_def
 
     pb_path = os.path.join(source, "saved_model.pb")
     if not os.path.exists(pb_path):
         raise FileNotFoundError(f"{source} is a directory without saved_model.pb")
     _check_saved_model_target(source, target)
-    saved_model = saved_model_pb2.SavedModel()
-    saved_model.ParseFromString(read_bytes(pb_path))
+    saved_model = _read_saved_model(pb_path)
     reports = []
     for meta_graph in saved_model.meta_graphs:
         keep = {
@@ -62,6 +59,23 @@ def rewrite_saved_model(source: str, target: str, config: Any) -> Any:
     with open(marker, "w", encoding="utf-8") as f:
         json.dump({"rewritten_from": os.path.abspath(source), "tool": "tf-amp rewrite"}, f)
     return reports
+
+
+def _read_saved_model(pb_path: str) -> Any:
+    """The SavedModel proto in ``pb_path``; a ValueError naming the file when it does not parse
+    (a truncated copy, another file under that name), like the GraphDef reader's, or holds no
+    MetaGraph (an empty file parses as one; there would be nothing to rewrite or load)."""
+    from google.protobuf.message import DecodeError
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    saved_model = saved_model_pb2.SavedModel()
+    try:
+        saved_model.ParseFromString(read_bytes(pb_path))
+    except DecodeError as error:
+        raise ValueError(f"{pb_path} is not a binary SavedModel ({error})") from None
+    if not saved_model.meta_graphs:
+        raise ValueError(f"{pb_path} is not a SavedModel: it holds no MetaGraph")
+    return saved_model
 
 
 def _check_saved_model_target(source: str, target: str) -> None:
