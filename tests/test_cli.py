@@ -277,3 +277,26 @@ def test_a_damaged_saved_model_is_named_in_the_error(
     err = capsys.readouterr().err
     assert str(source / "saved_model.pb") in err and "is not a" in err and "SavedModel" in err
     assert "Traceback" not in err and not target.exists()
+
+
+@pytest.mark.parametrize(
+    ("line", "words"),
+    [
+        ('{"node": "x", oops}', "not JSON"),
+        ("[1, 2]", "a list, not a JSON object"),
+        ('{"node": "x", "reason": "kept"}', "a decision without 'op'"),
+        ('{"node": ["x"], "op": "Relu", "reason": "kept"}', "a decision whose 'node' is not text"),
+    ],
+)
+def test_inspect_names_the_file_and_line_of_a_damaged_decision(
+    tmp_path: Path, line: str, words: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    logs = _rewrite_with_logs(tmp_path)
+    (decisions,) = logs.glob("decisions_AutoMixedPrecision_*.jsonl")
+    records = decisions.read_text().splitlines()
+    records.insert(2, line)
+    decisions.write_text("\n".join(records) + "\n")
+    capsys.readouterr()
+    assert cli.main(["inspect", str(logs)]) == 2
+    err = capsys.readouterr().err
+    assert f"{decisions}, line 3: {words}" in err and "Traceback" not in err

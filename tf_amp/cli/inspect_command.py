@@ -14,6 +14,8 @@ from tf_amp.cli.graph_files import read_graph_def
 _SOURCE_OPS = frozenset(
     {"Const", "Placeholder", "VarHandleOp", "ReadVariableOp", "VariableV2", "_Arg", "_Retval"}
 )
+# What the summary reads from each decision record (tf_amp.report.VertexDecision.as_dict).
+_DECISION_KEYS = ("node", "op", "reason")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -49,8 +51,7 @@ def find_logged_graphs(logdir: str) -> dict[str, dict[str, str]]:
 
 def format_graph_summary(stamp: str, files: dict[str, str], max_islands: int = 5) -> str:
     """The text ``tf-amp inspect`` prints for one logged rewrite."""
-    with open(files["decisions"], encoding="utf-8") as f:
-        lines = [json.loads(line) for line in f if line.strip()]
+    lines = read_decisions(files["decisions"])
     if not lines:
         return f"== graph {stamp}\n  (empty decisions file {files['decisions']})"
     head, decisions = lines[0], lines[1:]
@@ -77,6 +78,42 @@ def format_graph_summary(stamp: str, files: dict[str, str], max_islands: int = 5
         for reason, n in reasons.most_common(2):
             out.append(f"        why ({n}): {reason}")
     return "\n".join(out)
+
+
+def read_decisions(path: str) -> list[dict[str, Any]]:
+    """A decisions file's records: the head, then one per (node, type attribute).
+
+    Each line must be a JSON object and each decision must name its node, op and reason (what
+    the summary counts): a damaged line is a ValueError naming the file and line, so the user
+    learns which file to look at instead of a bare JSON message or a traceback.
+    """
+    records = []
+    with open(path, "rb") as f:  # bytes: json.loads reports a line that is not UTF-8 too
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}, line {number}"
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{where}: not JSON ({error.msg}, column {error.colno})") from None
+            except UnicodeDecodeError as error:
+                raise ValueError(f"{where}: not JSON ({error.reason})") from None
+            if not isinstance(record, dict):
+                raise ValueError(f"{where}: a {type(record).__name__}, not a JSON object")
+            if records:  # every line after the head is a decision
+                _check_decision(record, where)
+            records.append(record)
+    return records
+
+
+def _check_decision(record: dict[str, Any], where: str) -> None:
+    missing = [key for key in _DECISION_KEYS if key not in record]
+    if missing:
+        raise ValueError(f"{where}: a decision without {', '.join(map(repr, missing))}")
+    wrong = [key for key in (*_DECISION_KEYS, "body") if not isinstance(record.get(key, ""), str)]
+    if wrong:
+        raise ValueError(f"{where}: a decision whose {', '.join(map(repr, wrong))} is not text")
 
 
 def converted_ops_by_type(graph_def: Any) -> collections.Counter:
