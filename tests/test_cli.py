@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 from pathlib import Path
 
@@ -300,3 +301,51 @@ def test_inspect_names_the_file_and_line_of_a_damaged_decision(
     assert cli.main(["inspect", str(logs)]) == 2
     err = capsys.readouterr().err
     assert f"{decisions}, line 3: {words}" in err and "Traceback" not in err
+
+
+def _graph_with_an_unregistered_op() -> tf.compat.v1.GraphDef:
+    """The MatMul graph, then ``u`` (an op type no TensorFlow registers) and ``mm2`` reading
+    it: the probe can time ``mm`` but not ``u`` nor ``mm2``."""
+    graph_def = _matmul_graph_def()
+    (x,) = (n for n in graph_def.node if n.name == "x")
+    x.attr["shape"].shape.CopyFrom(tf.TensorShape([4, 8]).as_proto())
+    unknown = graph_def.node.add(name="u", op="TotallyUnknownOp", input=["mm"])
+    unknown.attr["T"].type = tf.float32.as_datatype_enum
+    reader = graph_def.node.add(name="mm2", op="MatMul", input=["u", "w"])
+    reader.attr["T"].type = tf.float32.as_datatype_enum
+    return graph_def
+
+
+def test_probe_times_what_it_can_and_names_unregistered_ops(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    source = tmp_path / "unk.pbtxt"
+    cli.write_graph_def(_graph_with_an_unregistered_op(), str(source))
+    argv = ["--target-dtype", "bfloat16"]
+    assert cli.main(["probe", *argv, "--repeats", "1", str(source)]) == 0
+    out = capsys.readouterr().out
+    assert "MatMul[[4, 8], [8, 8]]" in out  # mm, upstream of the unknown op, is timed
+    assert "not timed: 1 node(s) (u): uses op types this TensorFlow has not registered: " \
+        "TotallyUnknownOp" in out
+    assert "not timed: 1 node(s) (mm2): read an unregistered op's output" in out
+    assert re.search(r"op signatures timed; \d+ node\(s\) kept float32; 2 node\(s\) not timed", out)
+    # the rewrite's probe too: it says what it left out; the unknown op is kept float32
+    with caplog.at_level(logging.INFO, logger="tf_amp"):
+        assert cli.main(["rewrite", "--probe", *argv, str(source), str(tmp_path / "o.pbtxt")]) == 0
+    assert "Traceback" not in capsys.readouterr().err
+    assert any("probe did not time 1 node(s) (u)" in r.getMessage() for r in caplog.records)
+    nodes = {n.name: n for n in cli.read_graph_def(str(tmp_path / "o.pbtxt")).node}
+    assert nodes["u"].attr["T"].type == tf.float32.as_datatype_enum
+
+
+def test_probe_of_a_graph_tensorflow_cannot_import_says_it_could_not_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    graph_def = _matmul_graph_def()
+    graph_def.node.add().CopyFrom(graph_def.node[0])  # a second node named "x"
+    source = tmp_path / "dup.pb"
+    cli.write_graph_def(graph_def, str(source))
+    assert cli.main(["probe", "--target-dtype", "bfloat16", str(source)]) == 2
+    err = capsys.readouterr().err
+    assert f"the probe could not run on {source}: TensorFlow cannot import the graph" in err
+    assert "Traceback" not in err

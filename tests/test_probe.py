@@ -90,3 +90,37 @@ def test_real_timings_one_per_signature(capsys: pytest.CaptureFixture[str], tmp_
     out = capsys.readouterr().out
     assert "target: bfloat16" in out and "MatMul[[8, 1024], [1024, 64]]" in out
     assert "op signatures timed" in out
+
+
+def test_unregistered_ops_and_ops_that_cannot_run_are_left_out_and_listed() -> None:
+    """A custom op whose library is not loaded (here inside a library function the graph
+    calls) cannot be imported: it and its readers are listed as untimed, the rest is timed.
+    An op the target's OpDef does not allow (Cholesky has no bfloat16) is listed too."""
+    from google.protobuf import text_format
+
+    graph_def = tf.compat.v1.GraphDef()
+    text_format.Parse(
+        """
+        node { name: "x" op: "Placeholder" attr { key: "dtype" value { type: DT_FLOAT } }
+               attr { key: "shape" value { shape { dim { size: 4 } dim { size: 4 } } } } }
+        node { name: "m" op: "MatMul" input: "x" input: "x"
+               attr { key: "T" value { type: DT_FLOAT } } }
+        node { name: "chol" op: "Cholesky" input: "m" attr { key: "T" value { type: DT_FLOAT } } }
+        node { name: "call" op: "uses_custom" input: "m" input: "^chol" }
+        node { name: "after" op: "MatMul" input: "call" input: "x"
+               attr { key: "T" value { type: DT_FLOAT } } }
+        library { function {
+          signature { name: "uses_custom" input_arg { name: "a" type: DT_FLOAT }
+                      output_arg { name: "o" type: DT_FLOAT } }
+          node_def { name: "c" op: "MyCustomOp" input: "a" }
+          ret { key: "o" value: "c:y:0" } } }
+        """,
+        graph_def,
+    )
+    found = {"MatMul": "allow", "Cholesky": "allow"}
+    timings = probe.probe_graph(graph_def, "bfloat16", found, repeats=1)
+    assert [t.nodes for t in timings] == [("m",)]
+    untimed = {u.nodes: u.why for u in timings.untimed}
+    assert untimed[("call",)].endswith("has not registered: MyCustomOp")
+    assert "unregistered" in untimed[("after",)]
+    assert "Cholesky[[4, 4]] could not be run alone" in untimed[("chol",)]

@@ -21,6 +21,15 @@ only for speed); an infer or clear op only when its reduced kernel is much slowe
 cast pair, which an equal-speed elementwise kernel does not repay. Times are net of the
 session's own cost per run (a no-op's run time, measured in the same rounds).
 
+What cannot be timed is left out and listed (``ProbeTimings.untimed``), never an error: a
+node whose op type this TensorFlow has not registered (a custom op whose library is not
+loaded, directly or inside a library function it calls) cannot be imported, so it and the
+nodes that read it (their input types and shapes are unknown without its OpDef) are dropped
+from the copy the probe imports; a signature whose op cannot be rebuilt or run in float32 or
+the target is skipped. The rewrite keeps such ops float32 for its own reasons (unregistered
+ops) or paints the rest by the lists, as without the probe. Only a graph TensorFlow cannot
+import even then (duplicate names, dangling inputs) is a ValueError.
+
 Used by ``RewriteConfig(probe=True)`` / ``TF_AMP_PROBE=1`` (the rewrite probes the graph it is
 given) and ``tf-amp probe GRAPH`` (prints the table).
 """
@@ -35,6 +44,7 @@ from dataclasses import dataclass
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2, graph_pb2, types_pb2
+from tensorflow.python.framework import op_def_registry
 
 from tf_amp._upstream.tensorflow import tensor_util
 
@@ -82,6 +92,32 @@ class OpTiming:
         return self.ratio >= INFER_SLOWDOWN and self.reduced_s - self.float32_s >= INFER_MIN_LOSS_S
 
 
+@dataclass(frozen=True)
+class Untimed:
+    """Nodes the probe left out, and why in words (the rewrite paints them unmeasured)."""
+
+    nodes: tuple[str, ...]
+    why: str
+
+    def describe(self, shown: int = 5) -> str:
+        names = ", ".join(self.nodes[:shown])
+        more = f" and {len(self.nodes) - shown} more" if len(self.nodes) > shown else ""
+        return f"{len(self.nodes)} node(s) ({names}{more}): {self.why}"
+
+
+class ProbeTimings(list):
+    """``probe_graph``'s answer: the ``OpTiming`` list, and in ``untimed`` what it left out.
+
+    A list, so callers that only want the timings use it as one; the untimed nodes ride along
+    for the callers that say what the probe could not judge (``tf-amp probe``, the rewrite's
+    log).
+    """
+
+    def __init__(self, timings: Iterable[OpTiming] = (), untimed: Iterable[Untimed] = ()):
+        super().__init__(timings)
+        self.untimed: list[Untimed] = list(untimed)
+
+
 @dataclass
 class _Candidate:
     op: tf.Operation
@@ -96,37 +132,164 @@ def probe_graph(
     categories: dict[str, str],
     repeats: int = 5,
     timer: Timer | None = None,
-) -> list[OpTiming]:
+) -> ProbeTimings:
     """Times every op of ``graph_def``'s main graph whose type ``categories`` maps to "allow"
     or "infer", once per signature. Ops whose shapes are not all known are skipped. (Clear
-    ops move data; they cost about as much in any float type and time at the noise level.)"""
+    ops move data; they cost about as much in any float type and time at the noise level.)
+    What could not be timed is in the answer's ``untimed`` (see the module docstring).
+
+    Raises ValueError when TensorFlow cannot import the graph without its unregistered ops."""
     if target_dtype not in _DTYPES:
         raise ValueError(f"the probe times float16 or bfloat16, not {target_dtype!r}")
+    importable, untimed = _without_unregistered(graph_def, categories)
     graph = tf.Graph()
     with graph.as_default():
-        tf.graph_util.import_graph_def(graph_def, name="")
+        try:
+            tf.graph_util.import_graph_def(importable, name="")
+        except (ValueError, tf.errors.OpError) as error:
+            message = error.message if isinstance(error, tf.errors.OpError) else error
+            raise ValueError(f"TensorFlow cannot import the graph: {message}") from None
     groups: dict[Signature, list[_Candidate]] = {}
     for op in graph.get_operations():
         if categories.get(op.type) in ("allow", "infer"):
             candidate = _candidate(op)
             if candidate is not None:
                 groups.setdefault(candidate.signature, []).append(candidate)
-    timings = []
+    timings = ProbeTimings(untimed=untimed)
     for signature, members in groups.items():
+        names = tuple(c.op.name for c in members)
         if timer is not None:
             f32, reduced = timer(signature, "float32"), timer(signature, target_dtype)
         else:
-            f32, reduced = _measure(members[0], target_dtype, repeats)
-        timings.append(
-            OpTiming(signature, tuple(c.op.name for c in members), f32, reduced,
-                     categories[signature.op])
-        )
+            try:
+                f32, reduced = _measure(members[0], target_dtype, repeats)
+            except (ValueError, TypeError, tf.errors.OpError) as error:
+                # No kernel for a type, an OpDef that does not allow it: this op is left to
+                # the lists (and the rewrite's kernel check); the others are still timed.
+                message = error.message if isinstance(error, tf.errors.OpError) else error
+                why = f"{signature.describe()} could not be run alone: {_first_line(message)}"
+                timings.untimed.append(Untimed(names, why))
+                continue
+        timings.append(OpTiming(signature, names, f32, reduced, categories[signature.op]))
     return timings
 
 
 def slow_nodes(timings: Iterable[OpTiming]) -> frozenset[str]:
     """Names of the nodes the probe keeps float32."""
     return frozenset(name for t in timings if t.keep_float32 for name in t.nodes)
+
+
+def _without_unregistered(
+    graph_def: graph_pb2.GraphDef, categories: dict[str, str]
+) -> tuple[graph_pb2.GraphDef, list[Untimed]]:
+    """``graph_def`` without the main-graph nodes TensorFlow cannot import here, and the
+    ``Untimed`` entries that say which and why (the input itself when all import).
+
+    Dropped: nodes whose op type is not registered (or is a library function that uses one,
+    at any depth, or that names such a function in an attribute), and the nodes that read
+    their outputs, at any distance. Of the readers only the allow/infer ones are listed: they
+    are the ones the probe would have timed. Control inputs on a dropped node are removed
+    (they order, they carry no type or shape), and so are the library functions that use
+    unregistered ops.
+    """
+    missing_in = _functions_with_unregistered_ops(graph_def.library)
+    functions = {f.signature.name for f in graph_def.library.function}
+    unknown = {
+        op for op in {n.op for n in graph_def.node}
+        if op not in functions and op_def_registry.get(op) is None
+    }
+
+    def unregistered(node: graph_pb2.NodeDef) -> set[str]:
+        found = set(missing_in.get(node.op, ()))
+        if node.op in unknown:
+            found.add(node.op)
+        for name in _function_attrs(node):
+            found |= missing_in.get(name, set())
+        return found
+
+    by_types: dict[tuple[str, ...], list[str]] = {}
+    dropped: set[str] = set()
+    for node in graph_def.node:
+        missing = unregistered(node)
+        if missing:
+            by_types.setdefault(tuple(sorted(missing)), []).append(node.name)
+            dropped.add(node.name)
+    if not dropped:
+        return graph_def, []
+    readers: dict[str, list[graph_pb2.NodeDef]] = {}
+    for node in graph_def.node:
+        for text in node.input:
+            if not text.startswith("^"):
+                readers.setdefault(text.split(":")[0], []).append(node)
+    downstream: list[str] = []
+    frontier = list(dropped)
+    while frontier:
+        for reader in readers.get(frontier.pop(), ()):
+            if reader.name not in dropped:
+                dropped.add(reader.name)
+                frontier.append(reader.name)
+                if categories.get(reader.op) in ("allow", "infer"):
+                    downstream.append(reader.name)
+    why = "uses op types this TensorFlow has not registered: "
+    untimed = [Untimed(tuple(names), why + ", ".join(ops)) for ops, names in by_types.items()]
+    if downstream:
+        why = "read an unregistered op's output (at any distance): input types and shapes unknown"
+        untimed.append(Untimed(tuple(downstream), why))
+    out = graph_pb2.GraphDef()
+    out.versions.CopyFrom(graph_def.versions)
+    out.library.CopyFrom(graph_def.library)
+    del out.library.function[:]
+    out.library.function.extend(
+        f for f in graph_def.library.function if f.signature.name not in missing_in
+    )
+    for node in graph_def.node:
+        if node.name not in dropped:
+            kept = out.node.add()
+            kept.CopyFrom(node)
+            kept.input[:] = [t for t in node.input if t.lstrip("^").split(":")[0] not in dropped]
+    return out, untimed
+
+
+def _function_attrs(node: graph_pb2.NodeDef) -> Iterable[str]:
+    """Names of the library functions a node names in its attributes (a call's ``f``, a
+    ``While``'s ``body``)."""
+    for value in node.attr.values():
+        if value.HasField("func"):
+            yield value.func.name
+        yield from (f.name for f in value.list.func)
+
+
+def _functions_with_unregistered_ops(
+    library: graph_pb2.FunctionDefLibrary,
+) -> dict[str, set[str]]:
+    """{function name: the unregistered op types it uses, through the functions it calls}, for
+    the library functions that use any (importing a call to one fails)."""
+    names = {f.signature.name for f in library.function}
+    direct: dict[str, set[str]] = {}
+    calls: dict[str, set[str]] = {}
+    for function in library.function:
+        name = function.signature.name
+        direct[name] = {
+            n.op for n in function.node_def
+            if n.op not in names and op_def_registry.get(n.op) is None
+        }
+        calls[name] = {n.op for n in function.node_def if n.op in names} | {
+            f for n in function.node_def for f in _function_attrs(n) if f in names
+        }
+    missing = {name: set(ops) for name, ops in direct.items()}
+    changed = True
+    while changed:  # to a fixed point: a function calling one that uses an unregistered op
+        changed = False
+        for name, called in calls.items():
+            for callee in called:
+                if not missing[callee] <= missing[name]:
+                    missing[name] |= missing[callee]
+                    changed = True
+    return {name: ops for name, ops in missing.items() if ops}
+
+
+def _first_line(message: object) -> str:
+    return str(message).strip().splitlines()[0] if str(message).strip() else "unknown error"
 
 
 def _known_shape(tensor: tf.Tensor) -> tf.TensorShape:

@@ -94,6 +94,8 @@ def _probe(
     except (ValueError, TypeError) as err:
         logger.warning("probe skipped: the graph could not be timed op by op (%s)", err)
         return config
+    for untimed in timings.untimed:
+        logger.info("probe did not time %s", untimed.describe())
     report.probe_timings = timings
     return config.replace(slow_nodes=config.slow_nodes | probe.slow_nodes(timings))
 

@@ -43,13 +43,20 @@ def run_probe(args: argparse.Namespace) -> int:
         return 0
     lists = config.resolved_lists()
     categories = {op: lists.category(op) for op in {n.op for n in graph_def.node}}
-    timings = probe.probe_graph(graph_def, config.target_dtype, categories, args.repeats)
+    try:
+        timings = probe.probe_graph(graph_def, config.target_dtype, categories, args.repeats)
+    except ValueError as error:  # what the rewrite's probe would skip with a warning
+        raise ValueError(f"the probe could not run on {args.input}: {error}") from None
     print(f"{'op at its input shapes':<60} {'list':<6} {'float32':>10} "
           f"{config.target_dtype:>10} {'ratio':>6}  nodes  decision")
     for t in sorted(timings, key=lambda t: -t.float32_s):
         decision = "keep float32" if t.keep_float32 else config.target_dtype
         print(f"{t.signature.describe()[:60]:<60} {t.category:<6} {t.float32_s * 1e3:>8.3f}ms "
               f"{t.reduced_s * 1e3:>8.3f}ms {t.ratio:>6.2f}  {len(t.nodes):>5}  {decision}")
+    for untimed in timings.untimed:
+        print(f"not timed: {untimed.describe()}")
     slow = probe.slow_nodes(timings)
-    print(f"{len(timings)} op signatures timed; {len(slow)} node(s) kept float32")
+    skipped = sum(len(u.nodes) for u in timings.untimed)
+    print(f"{len(timings)} op signatures timed; {len(slow)} node(s) kept float32"
+          + (f"; {skipped} node(s) not timed" if skipped else ""))
     return 0
