@@ -349,3 +349,35 @@ def test_probe_of_a_graph_tensorflow_cannot_import_says_it_could_not_run(
     err = capsys.readouterr().err
     assert f"the probe could not run on {source}: TensorFlow cannot import the graph" in err
     assert "Traceback" not in err
+
+
+def test_rewrite_prints_each_report_line_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The summary goes to stdout; the logger's copy of it is held back during the command
+    (its other records, like the unregistered-op warning, still go out), and only then."""
+    from tf_amp.rewriter import rewrite_graph_def
+
+    source = tmp_path / "unk.pbtxt"
+    cli.write_graph_def(_graph_with_an_unregistered_op(), str(source))
+    with caplog.at_level(logging.INFO, logger="tf_amp"):
+        argv = ["rewrite", "--target-dtype", "float16", str(source), str(tmp_path / "o.pb")]
+        assert cli.main(argv) == 0
+        out = capsys.readouterr().out
+        assert out.count("Converted") == 1 and out.count("target: float16") == 1
+        messages = [r.getMessage() for r in caplog.records]
+        assert not any("Converted" in m for m in messages)
+        assert any("TensorFlow has not registered" in m for m in messages)
+        caplog.clear()
+        no_allow_ops = tf.Graph()  # unchanged at any target: nothing on the allow list
+        with no_allow_ops.as_default():
+            tf.reduce_sum(tf.compat.v1.placeholder(tf.float32, [4, 8], name="x"), name="out")
+        unchanged = {"O0": _matmul_graph_def(), "O1": no_allow_ops.as_graph_def()}
+        for opt_level, graph_def in unchanged.items():
+            cli.write_graph_def(graph_def, str(source))
+            argv = ["rewrite", "--opt-level", opt_level, str(source), str(tmp_path / "o.pb")]
+            assert cli.main(argv) == 0
+            assert capsys.readouterr().out.count("graph unchanged") == 1
+        assert not any("unchanged" in r.getMessage() for r in caplog.records)
+        rewrite_graph_def(graph_def)  # a library call after the command still logs
+        assert any("unchanged" in r.getMessage() for r in caplog.records)

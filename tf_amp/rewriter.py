@@ -43,6 +43,11 @@ from tf_amp.type_attrs import (
 )
 
 logger = logging.getLogger("tf_amp")
+# Set (True) on the records that restate a rewrite's report: what it converted, or that it
+# left the graph unchanged. A caller that prints the report itself (``tf-amp rewrite`` on
+# stdout) filters these out of the logger, so each line reaches the user once.
+REPORT_RECORD = "tf_amp_report_line"
+_AS_REPORT = {REPORT_RECORD: True}
 
 __all__ = ["GraphRewriteError", "RewriteResult", "rewrite_graph_def"]
 
@@ -114,11 +119,13 @@ def _rewrite(
     )
     if config.opt_level == "O0":
         report.nodes_before = len(out.node)
-        logger.info("opt level O0, graph left unchanged (nothing to do)")
+        logger.info("opt level O0, graph left unchanged (nothing to do)", extra=_AS_REPORT)
         return RewriteResult(out, report)
     if config.target_dtype == "float32":
         report.nodes_before = len(out.node)
-        logger.info("target float32, graph left unchanged: %s", config.target_reason)
+        logger.info(
+            "target float32, graph left unchanged: %s", config.target_reason, extra=_AS_REPORT
+        )
         return RewriteResult(out, report)
 
     target = DT_HALF if config.target_dtype == "float16" else DT_BFLOAT16
@@ -273,10 +280,10 @@ def _log(report: RewriteReport) -> None:
     for key, count in sorted(report.pass_counts.items()):
         logger.debug("tf_amp pass %s changed %d vertices", key, count)
     if report.changed:
-        logger.info(report.summary_line())
+        logger.info(report.summary_line(), extra=_AS_REPORT)
     else:
         logger.info("no allow-list ops found in %s, nothing to do (graph unchanged)",
-                    _describe_graph(report))
+                    _describe_graph(report), extra=_AS_REPORT)
     if report.unknown_ops:
         shown = ", ".join(f"{node} ({op})" for _, node, op in report.unknown_ops[:5])
         logger.warning(

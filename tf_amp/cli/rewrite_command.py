@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 from typing import Any
 
@@ -37,17 +38,19 @@ def _config_from_args(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    """``tf-amp rewrite``: prints the target and the summary line per graph."""
+    """``tf-amp rewrite``: prints the target and the summary line per graph.
+
+    Those lines are the command's output, on stdout; the ``tf_amp`` logger's copies of them
+    (the "Converted ..." and "graph left unchanged" records) are held back meanwhile, so each
+    is printed once. The logger's other records (warnings, the probe's) still go to stderr.
+    """
     config = _config_from_args(args)
-    if os.path.isdir(args.input):
-        reports = rewrite_saved_model(args.input, args.output, config)
-    else:
-        if os.path.isdir(args.output):
-            raise IsADirectoryError(f"OUT {args.output} is a directory; give a GraphDef file")
-        both = os.path.exists(args.input) and os.path.exists(args.output)
-        if both and os.path.samefile(args.input, args.output):
-            raise ValueError("OUT must differ from IN (the GraphDef is copied, not edited)")
-        reports = [rewrite_graph_def_file(args.input, args.output, config)]
+    logger = logging.getLogger("tf_amp")
+    logger.addFilter(_not_a_report_line)
+    try:
+        reports = _rewrite(args, config)
+    finally:
+        logger.removeFilter(_not_a_report_line)
     if reports:
         print(f"target: {reports[0].target_dtype} ({reports[0].target_reason})")
     for i, report in enumerate(reports):
@@ -56,6 +59,25 @@ def run(args: argparse.Namespace) -> int:
         print(where + line)
     print(f"wrote {args.output}")
     return 0
+
+
+def _rewrite(args: argparse.Namespace, config: Any) -> list[Any]:
+    """IN rewritten to OUT (a SavedModel directory or a GraphDef file); the reports."""
+    if os.path.isdir(args.input):
+        return list(rewrite_saved_model(args.input, args.output, config))
+    if os.path.isdir(args.output):
+        raise IsADirectoryError(f"OUT {args.output} is a directory; give a GraphDef file")
+    both = os.path.exists(args.input) and os.path.exists(args.output)
+    if both and os.path.samefile(args.input, args.output):
+        raise ValueError("OUT must differ from IN (the GraphDef is copied, not edited)")
+    return [rewrite_graph_def_file(args.input, args.output, config)]
+
+
+def _not_a_report_line(record: logging.LogRecord) -> bool:
+    """A logger filter: False for the records that restate a report (printed on stdout)."""
+    from tf_amp.rewriter import REPORT_RECORD
+
+    return not getattr(record, REPORT_RECORD, False)
 
 
 def rewrite_graph_def_file(source: str, target: str, config: Any) -> Any:
