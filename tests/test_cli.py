@@ -381,3 +381,18 @@ def test_rewrite_prints_each_report_line_once(
         assert not any("unchanged" in r.getMessage() for r in caplog.records)
         rewrite_graph_def(graph_def)  # a library call after the command still logs
         assert any("unchanged" in r.getMessage() for r in caplog.records)
+
+
+def test_a_target_forced_by_the_flag_is_named_as_the_flag(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = tmp_path / "in.pb"
+    cli.write_graph_def(_matmul_graph_def(), str(source))
+    target = str(tmp_path / "o.pb")
+    assert cli.main(["rewrite", "--target-dtype", "bfloat16", str(source), target]) == 0
+    assert "target: bfloat16 (bfloat16 was asked for (--target-dtype)" in capsys.readouterr().out
+    assert cli.main(["lists", "--target-dtype", "float16"]) == 0
+    assert "float16 was asked for (--target-dtype)" in capsys.readouterr().out
+    # from the environment (the suite sets TF_AMP_TARGET_DTYPE), the config's own wording
+    assert cli.main(["lists"]) == 0
+    assert "(--target-dtype)" not in capsys.readouterr().out

@@ -118,15 +118,20 @@ def choose_target(
     )
 
 
-def forced_target(dtype: str, auto: TargetChoice | None = None) -> TargetChoice:
+def forced_target(
+    dtype: str,
+    auto: TargetChoice | None = None,
+    asked_by: str = "TF_AMP_TARGET_DTYPE or target_dtype",
+) -> TargetChoice:
     """A target the user named (``TF_AMP_TARGET_DTYPE`` or ``RewriteConfig``).
 
     ``auto`` is what ``auto`` would pick for the same device: where it differs, the reason says
     so, and where ``auto`` would keep float32 it says to expect the forced target to be slower
     (a forced bfloat16 ran an AVX2 EPYC's convolution gradients 8-17x slower than float32), so
-    nobody takes a slower run for what mixed precision does.
+    nobody takes a slower run for what mixed precision does. ``asked_by`` names the setting in
+    the reason; a caller that knows which one the user set (``tf-amp --target-dtype``) says so.
     """
-    reason = f"{dtype} was asked for (TF_AMP_TARGET_DTYPE or target_dtype)"
+    reason = f"{dtype} was asked for ({asked_by})"
     if auto is None or auto.dtype == dtype:
         return TargetChoice(dtype, reason)
     if auto.dtype == FLOAT32:

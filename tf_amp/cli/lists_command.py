@@ -6,14 +6,12 @@ import argparse
 import json
 
 from tf_amp.cli.graph_files import read_graph_def
+from tf_amp.cli.rewrite_command import config_from_env
 
 
 def run_lists(args: argparse.Namespace) -> int:
     """``tf-amp lists``: the lists after the environment's overrides (text or JSON)."""
-    from tf_amp.config import RewriteConfig
-
-    overrides = {"target_dtype": args.target_dtype} if args.target_dtype else {}
-    config = RewriteConfig.from_env(**overrides)
+    config = config_from_env(args.target_dtype)
     lists = config.resolved_lists().as_dict()
     if args.json:
         print(json.dumps({"target_dtype": config.target_dtype, **lists}, indent=2))
@@ -30,13 +28,11 @@ def run_lists(args: argparse.Namespace) -> int:
 def run_probe(args: argparse.Namespace) -> int:
     """``tf-amp probe``: each allow/infer op of a GraphDef timed in float32 and the target."""
     from tf_amp import probe
-    from tf_amp.config import RewriteConfig
 
     # The input first: a missing or unreadable file is an error whatever the target, not
     # hidden behind "nothing to time" where the target resolves to float32.
     graph_def = read_graph_def(args.input)
-    overrides = {"target_dtype": args.target_dtype} if args.target_dtype else {}
-    config = RewriteConfig.from_env(**overrides)
+    config = config_from_env(args.target_dtype)
     print(f"target: {config.target_dtype} ({config.target_reason})")
     if not config.rewrites:
         print("nothing to time: the target is float32")

@@ -11,13 +11,28 @@ from tf_amp.cli.graph_files import read_graph_def, write_graph_def
 from tf_amp.cli.saved_model import rewrite_saved_model
 
 
-def _config_from_args(args: argparse.Namespace) -> Any:
-    """The environment's config with the command line's options on top."""
+def config_from_env(target_dtype: str | None, **overrides: Any) -> Any:
+    """``RewriteConfig.from_env`` with ``--target-dtype`` (and ``overrides``) on top.
+
+    A target forced by the flag gets a reason that names the flag: the config's own wording
+    names ``TF_AMP_TARGET_DTYPE or target_dtype``, neither of which the user typed.
+    """
+    from tf_amp import hardware
     from tf_amp.config import RewriteConfig
 
+    if target_dtype:
+        overrides["target_dtype"] = target_dtype
+    config = RewriteConfig.from_env(**overrides)
+    if target_dtype and target_dtype != "auto":
+        auto = hardware.choose_target(config.default_device_type)
+        choice = hardware.forced_target(target_dtype, auto, asked_by="--target-dtype")
+        config = config.replace(target_reason=choice.reason)
+    return config
+
+
+def _config_from_args(args: argparse.Namespace) -> Any:
+    """The environment's config with the command line's options on top."""
     overrides: dict[str, Any] = {}
-    if args.target_dtype:
-        overrides["target_dtype"] = args.target_dtype
     if args.opt_level:
         overrides["opt_level"] = args.opt_level
     if args.devices:
@@ -34,7 +49,7 @@ def _config_from_args(args: argparse.Namespace) -> Any:
         overrides["check_kernels"] = False
     if args.probe:
         overrides["probe"] = True
-    return RewriteConfig.from_env(**overrides)
+    return config_from_env(args.target_dtype, **overrides)
 
 
 def run(args: argparse.Namespace) -> int:
