@@ -222,6 +222,20 @@ def test_graph_def_outputs_keep_float32_without_preserve(tmp_path: Path) -> None
         assert logits.dtype == tf.float32
 
 
+def test_preserve_naming_a_node_the_graph_lacks_is_an_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--preserve replaces the default (the outputs): a typo would let "out" turn half in a
+    file written as if all were well, so nothing is written and the name is given."""
+    source, target = tmp_path / "in.pb", tmp_path / "out.pb"
+    cli.write_graph_def(_matmul_graph_def(), str(source))
+    argv = ["rewrite", str(source), str(target), "--target-dtype", "bfloat16"]
+    assert cli.main([*argv, "--preserve", "out,NoSuchNode"]) == 2
+    assert "--preserve names node(s)" in capsys.readouterr().err
+    assert not target.exists()
+    assert cli.main([*argv, "--preserve", "out"]) == 0
+
+
 def _float32_target(monkeypatch: pytest.MonkeyPatch) -> None:
     """Makes ``auto`` resolve to float32, as on a CPU without fast 16-bit kernels."""
     from tf_amp import hardware

@@ -44,9 +44,8 @@ from dataclasses import dataclass
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2, graph_pb2, types_pb2
-from tensorflow.python.framework import op_def_registry
 
-from tf_amp._upstream.tensorflow import tensor_util
+from tf_amp._upstream.tensorflow import op_def_registry, tensor_util
 
 INFER_SLOWDOWN = 1.5  # an infer op stays float32 only when this many times slower...
 INFER_MIN_LOSS_S = 20e-6  # ...and slower by at least this much per run (else it is noise)

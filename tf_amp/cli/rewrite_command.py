@@ -107,9 +107,22 @@ def rewrite_graph_def_file(source: str, target: str, config: Any) -> Any:
     graph_def = read_graph_def(source)
     if not config.preserve_nodes:
         config = config.replace(preserve_nodes=_outputs(graph_def))
+    else:
+        check_preserved(graph_def, config.preserve_nodes, source)
     result = rewrite_graph_def(graph_def, config)
     write_graph_def(result.graph_def, target)
     return result.report
+
+
+def check_preserved(graph_def: Any, preserve: frozenset[str], source: str) -> None:
+    """Raises ValueError when ``--preserve`` names a node ``source``'s graph does not have:
+    the list replaces the default (the graph's outputs), so a mistyped name would let an
+    output turn half, in a file written as if all were well."""
+    missing = preserve.difference(node.name for node in graph_def.node)
+    if missing:
+        raise ValueError(
+            f"--preserve names node(s) {source} does not have: {', '.join(sorted(missing))}"
+        )
 
 
 def _outputs(graph_def: Any) -> frozenset[str]:

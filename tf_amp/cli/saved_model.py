@@ -27,6 +27,7 @@ def rewrite_saved_model(source: str, target: str, config: Any) -> Any:
     ``assets.extra/tf_amp_rewrite.json`` marker) or an empty directory, and never when it is or
     contains IN: anything else there is the user's, and is not ours to delete.
     """
+    from tf_amp.cli.rewrite_command import check_preserved
     from tf_amp.rewriter import rewrite_graph_def
 
     pb_path = os.path.join(source, "saved_model.pb")
@@ -41,6 +42,7 @@ def rewrite_saved_model(source: str, target: str, config: Any) -> Any:
             for signature in meta_graph.signature_def.values()
             for tensor in list(signature.outputs.values()) + list(signature.inputs.values())
         }
+        check_preserved(meta_graph.graph_def, config.preserve_nodes, pb_path)
         effective = config.replace(preserve_nodes=frozenset(config.preserve_nodes) | keep)
         result = rewrite_graph_def(meta_graph.graph_def, effective)
         meta_graph.graph_def.CopyFrom(result.graph_def)
