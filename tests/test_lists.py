@@ -103,6 +103,10 @@ def test_unknown_op_warns_with_closest_names(caplog: pytest.LogCaptureFixture) -
     assert lists.category("MatMull") == ALLOW  # kept: a custom op may load later
     message = " ".join(r.getMessage() for r in caplog.records)
     assert "TF_AMP_ALLOWLIST_ADD" in message and "MatMul" in message and "did you mean" in message
+    caplog.clear()  # the environment is read again for every graph: said once is enough
+    with caplog.at_level(logging.WARNING, logger="tf_amp"):
+        OpLists.from_env({"TF_AMP_ALLOWLIST_ADD": "MatMull"})
+    assert not caplog.records
 
 
 @pytest.mark.parametrize(

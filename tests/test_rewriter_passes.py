@@ -125,6 +125,18 @@ def test_a_preserved_name_the_graph_lacks_is_named_in_a_warning(caplog) -> None:
     assert "does not have" not in caplog.text
 
 
+def test_a_float32_target_is_said_once_for_many_graphs(caplog) -> None:
+    """A tf_amp.Session rewrites the graph again at every import of new nodes; the same
+    "left unchanged" line each time is noise."""
+    config = RewriteConfig(target_dtype="float32", target_reason="this test's own reason")
+    with caplog.at_level(logging.INFO, logger="tf_amp"):
+        for _ in range(3):
+            result = rewrite_graph_def(build(mlp), config)
+    assert result.report.nodes_before > 0 and not result.report.changed
+    said = [r.getMessage() for r in caplog.records if "left unchanged" in r.getMessage()]
+    assert said == ["target float32, graph left unchanged: this test's own reason"]
+
+
 def node_value(gd: graph_pb2.GraphDef, name: str) -> np.ndarray:
     node = next(n for n in gd.node if n.name == name)
     return tf.make_ndarray(node.attr["value"].tensor)

@@ -48,6 +48,7 @@ logger = logging.getLogger("tf_amp")
 # stdout) filters these out of the logger, so each line reaches the user once.
 REPORT_RECORD = "tf_amp_report_line"
 _AS_REPORT = {REPORT_RECORD: True}
+_SAID_FLOAT32: set[str] = set()  # the reasons "target float32, graph left unchanged" was said for
 
 __all__ = ["GraphRewriteError", "RewriteResult", "rewrite_graph_def"]
 
@@ -123,9 +124,12 @@ def _rewrite(
         return RewriteResult(out, report)
     if config.target_dtype == "float32":
         report.nodes_before = len(out.node)
-        logger.info(
-            "target float32, graph left unchanged: %s", config.target_reason, extra=_AS_REPORT
-        )
+        if config.target_reason not in _SAID_FLOAT32:  # every graph of a run has the same
+            _SAID_FLOAT32.add(config.target_reason)  # reason: a Session rewrites many
+            logger.info(
+                "target float32, graph left unchanged: %s", config.target_reason,
+                extra=_AS_REPORT,
+            )
         return RewriteResult(out, report)
 
     target = DT_HALF if config.target_dtype == "float16" else DT_BFLOAT16
