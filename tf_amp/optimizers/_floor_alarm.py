@@ -137,6 +137,7 @@ def floor_alarm(
                 message=too_many_skips(max_consecutive_skips),
             )
         )
+    checks = [c for c in checks if c is not None]  # an eager assert returns None
     if not checks:
         return None
     with tf.control_dependencies(checks):
