@@ -46,3 +46,14 @@ def write_graph_def(graph_def: Any, path: str) -> None:
 def read_bytes(path: str) -> bytes:
     with open(path, "rb") as f:
         return f.read()
+
+
+def check_preserved(graph_def: Any, preserve: frozenset[str], source: str) -> None:
+    """Raises ValueError when ``--preserve`` names a node ``source``'s graph does not have:
+    the list replaces the default (the graph's outputs), so a mistyped name would let an
+    output turn half, in a file written as if all were well."""
+    missing = preserve.difference(node.name for node in graph_def.node)
+    if missing:
+        raise ValueError(
+            f"--preserve names node(s) {source} does not have: {', '.join(sorted(missing))}"
+        )

@@ -7,7 +7,7 @@ import logging
 import os
 from typing import Any
 
-from tf_amp.cli.graph_files import read_graph_def, write_graph_def
+from tf_amp.cli.graph_files import check_preserved, read_graph_def, write_graph_def
 from tf_amp.cli.saved_model import rewrite_saved_model
 
 
@@ -112,17 +112,6 @@ def rewrite_graph_def_file(source: str, target: str, config: Any) -> Any:
     result = rewrite_graph_def(graph_def, config)
     write_graph_def(result.graph_def, target)
     return result.report
-
-
-def check_preserved(graph_def: Any, preserve: frozenset[str], source: str) -> None:
-    """Raises ValueError when ``--preserve`` names a node ``source``'s graph does not have:
-    the list replaces the default (the graph's outputs), so a mistyped name would let an
-    output turn half, in a file written as if all were well."""
-    missing = preserve.difference(node.name for node in graph_def.node)
-    if missing:
-        raise ValueError(
-            f"--preserve names node(s) {source} does not have: {', '.join(sorted(missing))}"
-        )
 
 
 def _outputs(graph_def: Any) -> frozenset[str]:

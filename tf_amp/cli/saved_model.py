@@ -7,7 +7,7 @@ import os
 import shutil
 from typing import Any
 
-from tf_amp.cli.graph_files import read_bytes
+from tf_amp.cli.graph_files import check_preserved, read_bytes
 
 _FINGERPRINT = "fingerprint.pb"
 # Marks a directory as written by `tf-amp rewrite`, so a later run may replace it
@@ -27,7 +27,6 @@ def rewrite_saved_model(source: str, target: str, config: Any) -> Any:
     ``assets.extra/tf_amp_rewrite.json`` marker) or an empty directory, and never when it is or
     contains IN: anything else there is the user's, and is not ours to delete.
     """
-    from tf_amp.cli.rewrite_command import check_preserved
     from tf_amp.rewriter import rewrite_graph_def
 
     pb_path = os.path.join(source, "saved_model.pb")
