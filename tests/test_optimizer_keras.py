@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 
@@ -770,9 +771,22 @@ def test_a_keras3_loss_scale_optimizer_checkpoint_restores_into_the_wrapper(tmp_
     ours = tf_amp.LossScaleOptimizer(keras.optimizers.Adam(0.1), DynamicLossScale(8.0, 2))
     if built:
         ours.build([w])
-    tf.train.Checkpoint(optimizer=ours, w=w).restore(path)
+    status = tf.train.Checkpoint(optimizer=ours, w=w).restore(path)
     if not built:
         ours.build([w])
+    gc.collect()  # the stand-ins for Keras's unused entries must outlive the restore
+    # assert_consumed(): only our three skip counters (Keras's wrapper has none) are left...
+    with pytest.raises(AssertionError, match="Found 3 Python objects") as unmatched:
+        status.assert_consumed()
+    for field in ("skipped_steps", "consecutive_skips", "floor_skips"):
+        assert f"loss_scale_{field}" in str(unmatched.value)
+    # ...and its next check, which that error stops: every saved value found its object.
+    coordinator = status._checkpoint  # noqa: SLF001
+    assert not [
+        i
+        for i, node in enumerate(coordinator.object_graph_proto.nodes)
+        if node.attributes and coordinator.object_by_proto_id.get(i) is None
+    ]
     assert int(ours.iterations) == 3 and float(ours.loss_scale) == 16.0
     assert int(ours.dynamic_counter) == 1 and int(ours.skipped_steps) == 0
     for mine, keras_variable in zip(

@@ -53,18 +53,20 @@ class StateTrackable(AutoTrackable):
 class _Unused(Trackable):
     """Takes one of a Keras 3 wrapper's unused entries: reads its value (in the dtype of the
     same-named variable of ours, which is the saved one: int64 iterations, float32 rate) and
-    keeps nothing; a list has no children to restore."""
+    keeps nothing; a list has no children to restore. The wrapper holds each one (see
+    :func:`lookup`): a restore keeps the objects it binds only weakly, and
+    ``assert_consumed()`` counts an entry whose object is gone as unresolved."""
 
     def __init__(self, same_name: Any) -> None:
         self._same_name = same_name
 
-    def _trackable_children(self, save_type: str = "checkpoint", **kwargs: Any) -> dict:
+    def _trackable_children(self, save_type: str = "checkpoint", **kwargs: Any) -> dict[str, Any]:
         return {}
 
-    def _serialize_to_tensors(self) -> dict:
+    def _serialize_to_tensors(self) -> dict[str, Any]:
         return self._same_name._serialize_to_tensors()  # noqa: SLF001
 
-    def _restore_from_tensors(self, restored_tensors: dict) -> Any:
+    def _restore_from_tensors(self, restored_tensors: dict[str, Any]) -> Any:
         return tf.no_op()
 
 
@@ -77,16 +79,31 @@ def children(wrapper: Any, save_type: str, **kwargs: Any) -> dict[str, Any]:
 
 def lookup(wrapper: Any, name: str, found: dict[str, Any]) -> Any:
     """The object a restore binds the checkpoint's child ``name`` to (module docstring)."""
+    keras_names = {KERAS_INNER_CHILD, *KERAS_STATE_CHILDREN, *KERAS_OWN_CHILDREN}
+    if name not in keras_names or not _keras_layout(wrapper, found):
+        return found.get(name)
     if name == KERAS_INNER_CHILD:
         return wrapper.inner_optimizer
     if name in KERAS_STATE_CHILDREN:
         return wrapper._state_vars[KERAS_STATE_CHILDREN[name]]  # noqa: SLF001
     same_name = found.get(name)
-    if name in KERAS_OWN_CHILDREN and same_name is not None:
-        names = restoring_child_names(wrapper)
-        if names is not None and KERAS_INNER_CHILD in names:
-            return _Unused(same_name)
-    return same_name
+    if same_name is None:
+        return None
+    unused = wrapper.__dict__.get("_keras_unused_entries")
+    if unused is None:  # past Keras's attribute tracking: not a checkpoint dependency
+        unused = {}
+        object.__setattr__(wrapper, "_keras_unused_entries", unused)
+    return unused.setdefault(name, _Unused(same_name))
+
+
+def _keras_layout(wrapper: Any, found: dict[str, Any]) -> bool:
+    """Whether the node being restored is a Keras 3 wrapper's: it has ``inner_optimizer``,
+    which our layout (the inner optimizer's children) does not (an inner optimizer that has a
+    child of that name makes it ours, whatever else is there)."""
+    if KERAS_INNER_CHILD in found:
+        return False
+    names = restoring_child_names(wrapper)
+    return names is not None and KERAS_INNER_CHILD in names
 
 
 class InnerCheckpointLayout:
