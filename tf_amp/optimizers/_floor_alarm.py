@@ -3,16 +3,15 @@
 Printed from inside the graph (no host round trip on normal steps); shared by both wrappers and
 the environment's custom-loop path through :mod:`tf_amp.optimizers._apply_or_skip`. XLA
 compiles no print or assert op, so a step built with ``jit_compile`` gets no in-graph alarm:
-the trace says so once, and :class:`HostFloorAlarm` runs the same checks on the host from the
-state variables after a step (``LossScaleCallback`` does that in ``fit``; custom loops call
-the Keras wrapper's ``check_skips()``).
+the trace says so once, and :mod:`tf_amp.optimizers._host_floor_alarm` runs the same checks
+on the host from the state variables after a step (``LossScaleCallback`` does that in
+``fit``; custom loops call the wrapper's ``check_skips()``).
 """
 
 from __future__ import annotations
 
 import logging
 import sys
-from typing import Any
 
 import tensorflow as tf
 
@@ -31,7 +30,7 @@ CAUSES = (
 )
 """What is left to blame when steps are skipped with the scale at its floor."""
 
-_XLA_WARNED: list[bool] = []
+_xla_warned = False  # the XLA trace warning is said once per process
 
 
 def fell_words(min_scale: float) -> tuple[str, str]:
@@ -84,17 +83,19 @@ def floor_alarm(
     built (XLA compiles no print or assert ops; the trace logs that once, see the module
     docstring); skipping itself is unaffected.
     """
+    global _xla_warned
     warns = policy.dynamic and floor_warning_skips > 0
     if in_xla_context():
-        if (warns or max_consecutive_skips) and not _XLA_WARNED:
-            _XLA_WARNED.append(True)
+        if (warns or max_consecutive_skips) and not _xla_warned:
+            _xla_warned = True
             _LOG.warning(
                 "this train step is compiled with XLA (jit_compile), which compiles "
                 "no print or assert op, so the loss-scale floor warning and "
                 "max_consecutive_skips are not checked inside it (steps with inf/NaN "
                 "gradients are still skipped and counted). In Keras 3's fit, add "
                 "tf_amp.LossScaleCallback() to the callbacks: it checks both on the host "
-                "after each batch; in a custom loop call optimizer.check_skips() after a step."
+                "after each batch; with a tf_amp LossScaleOptimizer in a custom loop, call "
+                "its check_skips() after a step."
             )
         return None
     checks = []
@@ -142,71 +143,3 @@ def floor_alarm(
         return None
     with tf.control_dependencies(checks):
         return tf.constant(True)
-
-
-class HostFloorAlarm:
-    """The same two warnings and the same error as :func:`floor_alarm`, decided on the host
-    from the state variables read after one or more steps (for steps XLA compiles).
-
-    Reading after every step says what the in-graph alarm says, on the same step; reading less
-    often (``steps_per_execution``) still says each thing once, late by at most those steps.
-    """
-
-    def __init__(self) -> None:
-        self._last: tuple[float, int] | None = None  # (scale, floor_skips) at the last check
-
-    def check(
-        self,
-        policy: LossScale,
-        floor_warning_skips: int,
-        max_consecutive_skips: int | None,
-        state: LossScaleState,
-    ) -> None:
-        """Prints the warnings due since the last check of ``state`` (the wrapper's state,
-        read as numbers); raises ``InvalidArgumentError``, as the in-graph assert does, after
-        ``max_consecutive_skips`` skips in a row."""
-        scale, skips, floor_skips = (
-            float(state.scale), int(state.consecutive_skips), int(state.floor_skips)
-        )
-        last_scale, last_floor_skips = self._last or (float("inf"), 0)
-        if floor_skips < last_floor_skips:
-            last_floor_skips = 0  # a finite step in between started a new run of skips
-        self._last = (scale, floor_skips)
-        if policy.dynamic and floor_warning_skips > 0 and skips > 0:
-            min_scale = getattr(policy, "min_scale", 1.0)
-            if last_scale > min_scale >= scale:
-                before, after = fell_words(min_scale)
-                print(before, skips, after, file=sys.stderr)
-            if last_floor_skips < floor_warning_skips <= floor_skips:
-                before, after = stuck_words(min_scale)
-                print(before, floor_skips, after, file=sys.stderr)
-        if max_consecutive_skips and skips >= max_consecutive_skips:
-            raise tf.errors.InvalidArgumentError(None, None, too_many_skips(max_consecutive_skips))
-
-
-class ChecksSkipsOnHost:
-    """Mixin of the Keras and tf_keras wrappers: :meth:`check_skips`."""
-
-    _state_vars: list[Any]
-    _policy: LossScale
-    enabled: bool
-    floor_warning_skips: int
-    max_consecutive_skips: int | None
-
-    def check_skips(self) -> None:
-        """Checks on the host what a step compiled with XLA (``jit_compile``) cannot check
-        inside itself: the floor warnings and ``max_consecutive_skips``, from the state the
-        last step left. Call it after each step of such a custom loop (``LossScaleCallback``
-        does in Keras 3's ``fit``); a step not compiled with XLA has checked already."""
-        if not self.enabled:
-            return
-        alarm = self.__dict__.get("_host_floor_alarm")
-        if alarm is None:  # set past the Keras / tf_keras attribute tracking: not state
-            alarm = HostFloorAlarm()
-            object.__setattr__(self, "_host_floor_alarm", alarm)
-        alarm.check(
-            self._policy,
-            self.floor_warning_skips,
-            self.max_consecutive_skips,
-            LossScaleState(*(v.numpy() for v in self._state_vars)),
-        )

@@ -15,7 +15,7 @@ import tensorflow as tf
 from tf_amp._upstream.keras import no_automatic_dependency_tracking
 from tf_amp.loss_scale import LossScale, LossScaleState
 from tf_amp.optimizers import _checkpoint_layout
-from tf_amp.optimizers._floor_alarm import ChecksSkipsOnHost
+from tf_amp.optimizers._host_floor_alarm import ChecksSkipsOnHost
 from tf_amp.optimizers._policy_views import PolicyViews
 
 

@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from tf_amp._upstream import tensorflow as upstream_tf
 from tf_amp.loss_scale import LossScale, LossScaleState
-from tf_amp.optimizers._floor_alarm import ChecksSkipsOnHost
+from tf_amp.optimizers._host_floor_alarm import ChecksSkipsOnHost
 from tf_amp.optimizers._policy_views import PolicyViews
 
 # Checkpoint names of the state, in LossScaleState order. The first two are the names tf_keras's

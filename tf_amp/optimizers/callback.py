@@ -22,7 +22,9 @@ class LossScaleCallback(keras.callbacks.Callback):
     callback thread where Keras runs batch callbacks asynchronously.
     """
 
-    async_safe = True  # reads variables only; Keras re-raises its error in the main thread
+    # Reads variables only, under a lock (check_skips). Run in Keras's callback threads, its
+    # error reaches fit at the next batch or at the epoch's end: a batch or so late.
+    async_safe = True
 
     def __init__(self) -> None:
         super().__init__()
