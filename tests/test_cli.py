@@ -236,6 +236,17 @@ def test_preserve_naming_a_node_the_graph_lacks_is_an_error(
     assert cli.main([*argv, "--preserve", "out"]) == 0
 
 
+def test_preserve_naming_a_node_no_meta_graph_has_is_an_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source, target = tmp_path / "model", tmp_path / "amp"
+    _saved_model(source)
+    argv = ["rewrite", str(source), str(target), "--target-dtype", "float16"]
+    assert cli.main([*argv, "--preserve", "NoSuchNode"]) == 2
+    assert "--preserve names node(s)" in capsys.readouterr().err and not target.exists()
+    assert cli.main([*argv, "--preserve", "saver_filename"]) == 0  # a node of the MetaGraph
+
+
 def _float32_target(monkeypatch: pytest.MonkeyPatch) -> None:
     """Makes ``auto`` resolve to float32, as on a CPU without fast 16-bit kernels."""
     from tf_amp import hardware

@@ -164,6 +164,9 @@ def test_a_float32_target_is_said_once_and_reported_with_the_graphs_size(
         f"unchanged ({reason})"
     )
     assert not half_ops_of_functions(fn.concrete_functions())
+    at_o0 = tf_amp.function(lambda t: tf.matmul(t, w), config=config.replace(opt_level="O0"))
+    at_o0(tf.ones((2, 8)))
+    assert at_o0.reports[0].summary_line().endswith("nodes: opt level O0, graph left unchanged")
 
 
 def test_excluded_name_scope_stays_float32() -> None:

@@ -169,7 +169,14 @@ def test_get_and_serialization_round_trip():
 
 @pytest.mark.parametrize(
     "number",
-    [np.float32(128), np.int64(128), np.array(128.0), tf.constant(128.0), tf.constant(128)],
+    [
+        np.float32(128),
+        np.int64(128),
+        np.array(128.0),
+        tf.constant(128.0),
+        tf.constant(128),
+        tf.constant(128.0, tf.bfloat16),
+    ],
 )
 def test_get_takes_one_number_of_any_kind(number):
     """NumPy scalars, 0-d arrays and eager tensors are static scales, as Keras's own wrapper

@@ -72,11 +72,17 @@ def write_rewrite_logs(
     try:
         return _write_rewrite_logs(log_dir, before, after, report)
     except OSError as error:
-        raise OSError(
+        message = (
             f"cannot write tf_amp's rewrite logs to {log_dir!r} (RewriteConfig.log_dir, from "
-            "TF_AMP_LOG_PATH or TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_LOG_PATH when set): "
-            f"{error.strerror or error}; point it at a writable directory, or unset it"
-        ) from error
+            "TF_AMP_LOG_PATH or TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_LOG_PATH when set, or "
+            f"tf-amp rewrite --log-dir): {error.strerror or error}; point it at a writable "
+            "directory, or unset it"
+        )
+        # The same class and errno (FileNotFoundError, PermissionError...) for callers that
+        # tell them apart; only the words are added to.
+        if error.errno is None:
+            raise OSError(message) from error
+        raise type(error)(error.errno, message) from error
 
 
 def _write_rewrite_logs(

@@ -112,7 +112,9 @@ class ProbeTimings(list):
     log).
     """
 
-    def __init__(self, timings: Iterable[OpTiming] = (), untimed: Iterable[Untimed] = ()):
+    def __init__(
+        self, timings: Iterable[OpTiming] = (), untimed: Iterable[Untimed] = ()
+    ) -> None:
         super().__init__(timings)
         self.untimed: list[Untimed] = list(untimed)
 

@@ -97,6 +97,8 @@ class RewriteReport:
         """TensorFlow's log line, word for word; for a float32 target (nothing is faster in
         reduced precision here), the same opening and why nothing was converted."""
         t = self.target_dtype
+        if self.opt_level == "O0":
+            return f"Converted 0/{self.nodes_before} nodes: opt level O0, graph left unchanged"
         if t == "float32":
             return (
                 f"Converted 0/{self.nodes_before} nodes: target float32, graph left unchanged "

@@ -48,6 +48,7 @@ logger = logging.getLogger("tf_amp")
 # stdout) filters these out of the logger, so each line reaches the user once.
 REPORT_RECORD = "tf_amp_report_line"
 _AS_REPORT = {REPORT_RECORD: True}
+_SAID_MISSING: set[frozenset[str]] = set()  # preserve_nodes names already said missing
 _SAID_FLOAT32: set[str] = set()  # the reasons "target float32, graph left unchanged" was said for
 
 __all__ = ["GraphRewriteError", "RewriteResult", "rewrite_graph_def"]
@@ -208,8 +209,9 @@ def _warn_missing_preserved(graph_def: graph_pb2.GraphDef, preserve: frozenset[s
     ``tf_amp.function``), and a name may belong to another of them."""
     if not preserve:
         return
-    missing = preserve.difference(node.name for node in graph_def.node)
-    if missing:
+    missing = frozenset(preserve.difference(node.name for node in graph_def.node))
+    if missing and missing not in _SAID_MISSING:
+        _SAID_MISSING.add(missing)  # once: each trace of a function, each Session import
         logger.warning(
             "preserve_nodes names %d node(s) the graph does not have, so nothing is kept for "
             "them: %s",

@@ -34,6 +34,7 @@ def rewrite_saved_model(source: str, target: str, config: Any) -> Any:
         raise FileNotFoundError(f"{source} is a directory without saved_model.pb")
     _check_saved_model_target(source, target)
     saved_model = _read_saved_model(pb_path)
+    check_preserved(_all_nodes(saved_model), config.preserve_nodes, pb_path)
     reports = []
     for meta_graph in saved_model.meta_graphs:
         keep = {
@@ -41,7 +42,6 @@ def rewrite_saved_model(source: str, target: str, config: Any) -> Any:
             for signature in meta_graph.signature_def.values()
             for tensor in list(signature.outputs.values()) + list(signature.inputs.values())
         }
-        check_preserved(meta_graph.graph_def, config.preserve_nodes, pb_path)
         effective = config.replace(preserve_nodes=frozenset(config.preserve_nodes) | keep)
         result = rewrite_graph_def(meta_graph.graph_def, effective)
         meta_graph.graph_def.CopyFrom(result.graph_def)
@@ -60,6 +60,17 @@ def rewrite_saved_model(source: str, target: str, config: Any) -> Any:
     with open(marker, "w", encoding="utf-8") as f:
         json.dump({"rewritten_from": os.path.abspath(source), "tool": "tf-amp rewrite"}, f)
     return reports
+
+
+def _all_nodes(saved_model: Any) -> Any:
+    """One GraphDef holding every MetaGraph's main-graph nodes: a ``--preserve`` name must be
+    in one of them (it may belong to the serving graph only), before any is rewritten."""
+    from tensorflow.core.framework import graph_pb2
+
+    union = graph_pb2.GraphDef()
+    for meta_graph in saved_model.meta_graphs:
+        union.node.extend(meta_graph.graph_def.node)
+    return union
 
 
 def _read_saved_model(pb_path: str) -> Any:

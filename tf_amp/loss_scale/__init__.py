@@ -69,14 +69,23 @@ def _as_number(value: Any) -> float | None:
         return None
     if isinstance(value, numbers.Real):
         return float(value)
-    if getattr(value, "shape", None) == () and hasattr(value, "dtype"):
-        dtype = np.dtype(getattr(value.dtype, "as_numpy_dtype", value.dtype))
-        if dtype.kind in "iuf":
-            try:
-                return float(value)  # raises for a symbolic (graph) tensor
-            except (TypeError, ValueError):
-                return None
+    if getattr(value, "shape", None) == () and _is_real(getattr(value, "dtype", None)):
+        try:
+            return float(value)  # raises for a symbolic (graph) tensor
+        except (TypeError, ValueError):
+            return None
     return None
+
+
+def _is_real(dtype: Any) -> bool:
+    """An integer or floating dtype, NumPy's or TensorFlow's (bfloat16 included, whose NumPy
+    kind is "V")."""
+    if hasattr(dtype, "is_floating"):  # a tf.DType
+        return bool(dtype.is_floating or dtype.is_integer)
+    try:
+        return np.dtype(dtype).kind in "iuf"
+    except TypeError:
+        return False
 
 
 def serialize(policy: LossScale) -> dict[str, Any]:

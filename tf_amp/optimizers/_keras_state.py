@@ -79,7 +79,8 @@ class LossScaleStateOwner(ChecksSkipsOnHost, PolicyViews):
     @property
     def dynamic_scale(self) -> Any:
         """The scale's variable, under Keras 3's name for it (code written for
-        ``keras.optimizers.LossScaleOptimizer`` reads and assigns it)."""
+        ``keras.optimizers.LossScaleOptimizer`` reads and assigns it). The variable itself,
+        also when the wrapper is disabled (then ``loss_scale`` says 1 and this is unused)."""
         return self._state_vars[0]
 
     @property

@@ -54,7 +54,9 @@ def _unchanged_report(config: Any, graph: Any) -> Any:
     else:
         reason = config.target_reason
         announce_target(hardware.TargetChoice(config.target_dtype, reason))
-    report = RewriteReport(target_dtype=config.target_dtype, target_reason=reason)
+    report = RewriteReport(
+        target_dtype=config.target_dtype, target_reason=reason, opt_level=config.opt_level
+    )
     report.nodes_before = len(graph.get_operations())
     return report
 
