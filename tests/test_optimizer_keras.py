@@ -549,9 +549,9 @@ def test_floor_checks_of_an_xla_step_run_on_the_host_with_the_same_words(
 ):
     """XLA compiles no print or assert: the trace says so, and check_skips() says on the host
     what the step says in a graph XLA does not compile, on the same steps."""
-    from tf_amp.optimizers import _floor_alarm
+    from tf_amp import _say_once
 
-    monkeypatch.setattr(_floor_alarm, "_xla_warned", False)  # said once per process
+    monkeypatch.setattr(_say_once, "_SAID", set())  # lines said once per process
     in_graph = _floor_run(jit_compile=False)
     graph_err = capfd.readouterr().err
     with caplog.at_level("WARNING", logger="tf_amp"):

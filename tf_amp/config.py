@@ -37,6 +37,7 @@ from typing import Any
 
 from tf_amp import hardware
 from tf_amp._flags import flag_or, parse_choice, parse_flag
+from tf_amp._say_once import mark_said, say_once
 from tf_amp.lists import LEVEL_ENV, LEVELS, OpLists, split_op_names
 
 OPT_LEVELS: tuple[str, ...] = ("O0", "O1", "O2", "O3")
@@ -59,8 +60,6 @@ def local_device_type() -> str:
     return "GPU" if tf.config.list_physical_devices("GPU") else "CPU"
 
 
-_LOG = logging.getLogger("tf_amp")
-_ANNOUNCED: set[hardware.TargetChoice] = set()
 
 
 def process_target(announce: bool = True) -> hardware.TargetChoice:
@@ -77,16 +76,21 @@ def process_target(announce: bool = True) -> hardware.TargetChoice:
 def announce_target(choice: hardware.TargetChoice) -> None:
     """Says ``choice`` in the log, once per process per choice: the dtype, whether loss
     scaling comes with it, and why."""
-    if choice not in _ANNOUNCED:
-        _ANNOUNCED.add(choice)
-        scaling = "with" if choice.needs_loss_scaling else "without"
-        _LOG.info("target %s, %s loss scaling: %s", choice.dtype, scaling, choice.reason)
+    scaling = "with" if choice.needs_loss_scaling else "without"
+    say_once(
+        ("target", choice),
+        logging.INFO,
+        "target %s, %s loss scaling: %s",
+        choice.dtype,
+        scaling,
+        choice.reason,
+    )
 
 
 def mark_target_announced(choice: hardware.TargetChoice) -> None:
     """Records that ``choice`` and its reason were said in the log by another line (the
     environment activation's), so :func:`process_target` does not say them a second time."""
-    _ANNOUNCED.add(choice)
+    mark_said(("target", choice))
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from typing import Any
 
 from tensorflow.core.framework import graph_pb2
 
+from tf_amp._say_once import say_once
 from tf_amp.cast_planner import plan_and_apply
 from tf_amp.config import RewriteConfig
 from tf_amp.painter import Painter
@@ -48,8 +49,6 @@ logger = logging.getLogger("tf_amp")
 # stdout) filters these out of the logger, so each line reaches the user once.
 REPORT_RECORD = "tf_amp_report_line"
 _AS_REPORT = {REPORT_RECORD: True}
-_SAID_MISSING: set[frozenset[str]] = set()  # preserve_nodes names already said missing
-_SAID_FLOAT32: set[str] = set()  # the reasons "target float32, graph left unchanged" was said for
 
 __all__ = ["GraphRewriteError", "RewriteResult", "rewrite_graph_def"]
 
@@ -125,12 +124,13 @@ def _rewrite(
         return RewriteResult(out, report)
     if config.target_dtype == "float32":
         report.nodes_before = len(out.node)
-        if config.target_reason not in _SAID_FLOAT32:  # every graph of a run has the same
-            _SAID_FLOAT32.add(config.target_reason)  # reason: a Session rewrites many
-            logger.info(
-                "target float32, graph left unchanged: %s", config.target_reason,
-                extra=_AS_REPORT,
-            )
+        say_once(  # every graph of a run has the same reason: a Session rewrites many
+            ("float32 unchanged", config.target_reason),
+            logging.INFO,
+            "target float32, graph left unchanged: %s",
+            config.target_reason,
+            extra=_AS_REPORT,
+        )
         return RewriteResult(out, report)
 
     target = DT_HALF if config.target_dtype == "float16" else DT_BFLOAT16
@@ -210,9 +210,10 @@ def _warn_missing_preserved(graph_def: graph_pb2.GraphDef, preserve: frozenset[s
     if not preserve:
         return
     missing = frozenset(preserve.difference(node.name for node in graph_def.node))
-    if missing and missing not in _SAID_MISSING:
-        _SAID_MISSING.add(missing)  # once: each trace of a function, each Session import
-        logger.warning(
+    if missing:
+        say_once(  # once: each trace of a function, each Session import
+            ("preserve_nodes missing", missing),
+            logging.WARNING,
             "preserve_nodes names %d node(s) the graph does not have, so nothing is kept for "
             "them: %s",
             len(missing),

@@ -13,6 +13,7 @@ import functools
 import logging
 from collections.abc import Mapping
 
+from tf_amp._say_once import mark_said
 from tf_amp.lists.names import ALLOW, CLEAR, DENY, INFER
 
 logger = logging.getLogger("tf_amp")
@@ -86,16 +87,12 @@ def level_from_env(env: Mapping[str, str]) -> str:
     return level
 
 
-_WARNED: set[tuple[str, str]] = set()
-
-
 def _warn_if_unknown(op: str, variable: str) -> None:
     """Warns once per process for each (variable, op): the environment is read again for
     every graph rewritten, and the same mistyped name said five times is noise."""
     names = registered_op_names()
-    if op in names or (variable, op) in _WARNED:
+    if op in names or not mark_said(("unregistered op in a list variable", variable, op)):
         return
-    _WARNED.add((variable, op))
     close = difflib.get_close_matches(op, sorted(names), n=3, cutoff=0.6)
     hint = f"; did you mean {', '.join(close)}?" if close else ""
     logger.warning("%s names op %r, which TensorFlow has not registered%s", variable, op, hint)

@@ -40,6 +40,9 @@ KERAS_OWN_CHILDREN = ("_iterations", "_learning_rate", "_variables")
 KERAS_STATE_CHILDREN = {"dynamic_scale": 0, "step_counter": 1}
 """Keras 3's names of its scale variables -> the index of the same state in ours."""
 
+KERAS_NAMES = frozenset({KERAS_INNER_CHILD, *KERAS_STATE_CHILDREN, *KERAS_OWN_CHILDREN})
+"""Every name a Keras 3 wrapper's node has that the restore reads its own way."""
+
 
 class StateTrackable(AutoTrackable):
     """The loss-scale variables as one checkpoint object, each under its field's name."""
@@ -79,8 +82,7 @@ def children(wrapper: Any, save_type: str, **kwargs: Any) -> dict[str, Any]:
 
 def lookup(wrapper: Any, name: str, found: dict[str, Any]) -> Any:
     """The object a restore binds the checkpoint's child ``name`` to (module docstring)."""
-    keras_names = {KERAS_INNER_CHILD, *KERAS_STATE_CHILDREN, *KERAS_OWN_CHILDREN}
-    if name not in keras_names or not _keras_layout(wrapper, found):
+    if name not in KERAS_NAMES or not _keras_layout(wrapper, found):
         return found.get(name)
     if name == KERAS_INNER_CHILD:
         return wrapper.inner_optimizer

@@ -15,10 +15,9 @@ import sys
 
 import tensorflow as tf
 
+from tf_amp._say_once import say_once
 from tf_amp.loss_scale import LossScale, LossScaleState
 from tf_amp.ops import in_xla_context
-
-_LOG = logging.getLogger("tf_amp")
 
 CAUSES = (
     "Either a value in the step exceeds float16's range (max 65504) even unscaled "
@@ -30,7 +29,6 @@ CAUSES = (
 )
 """What is left to blame when steps are skipped with the scale at its floor."""
 
-_xla_warned = False  # the XLA trace warning is said once per process
 
 
 def fell_words(min_scale: float) -> tuple[str, str]:
@@ -83,12 +81,12 @@ def floor_alarm(
     built (XLA compiles no print or assert ops; the trace logs that once, see the module
     docstring); skipping itself is unaffected.
     """
-    global _xla_warned
     warns = policy.dynamic and floor_warning_skips > 0
     if in_xla_context():
-        if (warns or max_consecutive_skips) and not _xla_warned:
-            _xla_warned = True
-            _LOG.warning(
+        if warns or max_consecutive_skips:
+            say_once(
+                "floor checks under XLA",
+                logging.WARNING,
                 "this train step is compiled with XLA (jit_compile), which compiles "
                 "no print or assert op, so the loss-scale floor warning and "
                 "max_consecutive_skips are not checked inside it (steps with inf/NaN "

@@ -19,8 +19,6 @@ import tensorflow as tf
 from tf_amp.loss_scale import LossScale, LossScaleState
 from tf_amp.optimizers._floor_alarm import fell_words, stuck_words, too_many_skips
 
-_CREATE_LOCK = threading.Lock()
-
 
 class HostFloorAlarm:
     """The same two warnings and the same error as ``_floor_alarm.floor_alarm``, decided on the host
@@ -73,6 +71,7 @@ class ChecksSkipsOnHost:
     and compare it with the last one as one unit, in order."""
 
     _state_vars: list[Any]
+    _host_floor_alarm: HostFloorAlarm  # made with the state variables
     _policy: LossScale
     enabled: bool
     floor_warning_skips: int
@@ -85,11 +84,7 @@ class ChecksSkipsOnHost:
         does in Keras 3's ``fit``); a step not compiled with XLA has checked already."""
         if not self.enabled:
             return
-        with _CREATE_LOCK:
-            alarm = self.__dict__.get("_host_floor_alarm")
-            if alarm is None:  # set past the Keras / tf_keras attribute tracking: not state
-                alarm = HostFloorAlarm()
-                object.__setattr__(self, "_host_floor_alarm", alarm)
+        alarm = self._host_floor_alarm
         with alarm.lock:
             alarm.check(
                 self._policy,

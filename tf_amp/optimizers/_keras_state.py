@@ -15,7 +15,7 @@ import tensorflow as tf
 from tf_amp._upstream.keras import no_automatic_dependency_tracking
 from tf_amp.loss_scale import LossScale, LossScaleState
 from tf_amp.optimizers import _checkpoint_layout
-from tf_amp.optimizers._host_floor_alarm import ChecksSkipsOnHost
+from tf_amp.optimizers._host_floor_alarm import ChecksSkipsOnHost, HostFloorAlarm
 from tf_amp.optimizers._policy_views import PolicyViews
 
 
@@ -49,6 +49,7 @@ class LossScaleStateOwner(ChecksSkipsOnHost, PolicyViews):
             for field, value in zip(LossScaleState._fields, initial, strict=True)
         ]
         self._state_checkpoint = _checkpoint_layout.StateTrackable(self._state_vars)
+        self._host_floor_alarm = HostFloorAlarm()
 
     def _state(self) -> LossScaleState:
         return LossScaleState(*(v.value for v in self._state_vars))
