@@ -2,7 +2,9 @@
 
 Runs on a CUDA machine without TensorFlow (the project's lent GPU machines), on the same
 gradient lists as ``tf_amp/cc/harness/unscale_harness.cu`` (ResNet-50 and BERT-base sizes,
-float32 and float16), so the two outputs compare directly:
+float32, float16 and bfloat16, random finite data, median and range of interleaved repeats), so
+the two outputs compare directly. Beside the fused call it times the unfused way, one multiply
+and one finiteness reduction per tensor (what a framework without a fused op launches):
 
     nvcc -std=c++17 -O3 -I. -o harness tf_amp/cc/harness/unscale_harness.cu \
          -x cu tf_amp/cc/unscale_and_check_finite_gpu.cu.cc && ./harness
@@ -12,6 +14,7 @@ float32 and float16), so the two outputs compare directly:
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 from typing import Any
 
@@ -31,9 +34,8 @@ def bert_base_sizes(hidden: int = 768, ffn: int = 3072) -> list[int]:
     return sizes + [hidden * hidden, hidden]
 
 
-def time_ms(torch: Any, body: Any, iterations: int = 50) -> float:
-    body()
-    torch.cuda.synchronize()
+def mean_ms(torch: Any, body: Any, iterations: int = 50) -> float:
+    """Mean time of one call over `iterations` back-to-back calls, by device events."""
     start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(iterations):
@@ -43,21 +45,62 @@ def time_ms(torch: Any, body: Any, iterations: int = 50) -> float:
     return start.elapsed_time(stop) / iterations
 
 
+def interleaved_ms(torch: Any, bodies: dict[str, Any], repeats: int = 7) -> dict[str, list[float]]:
+    """Sorted per-repeat means of each body, the bodies taking turns (same clocks, neighbours)."""
+    for body in bodies.values():
+        body()
+    torch.cuda.synchronize()
+    times: dict[str, list[float]] = {name: [] for name in bodies}
+    for _ in range(repeats):
+        for name, body in bodies.items():
+            times[name].append(mean_ms(torch, body))
+    return {name: sorted(values) for name, values in times.items()}
+
+
+def unfused(torch: Any, grads: list[Any], found_inf: Any, inv_scale: Any) -> None:
+    """One multiply and one all-finite reduction per tensor, combined at the end.
+
+    The scale is taken 0-d: a 1-element float32 tensor would promote a float16 multiply to
+    float32, which an in-place multiply refuses.
+    """
+    scalar = inv_scale.reshape(())
+    finite = [torch.isfinite(g.mul_(scalar)).all() for g in grads]
+    found_inf.copy_(~torch.stack(finite).all())
+
+
 def main() -> None:
     argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     import torch  # after the arguments: --help works without PyTorch
 
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    torch.manual_seed(0)
     for model, sizes in (("resnet50", resnet50_sizes()), ("bert-base", bert_base_sizes())):
-        for dtype in (torch.float32, torch.float16):
-            grads = [torch.zeros(n, dtype=dtype, device="cuda") for n in sizes]
+        for dtype in (torch.float32, torch.float16, torch.bfloat16):
+            # Scale 1: the data stays the same random finite values over every repeat.
+            grads = [torch.randn(n, device="cuda").to(dtype) for n in sizes]
             found_inf = torch.zeros(1, device="cuda")
             inv_scale = torch.ones(1, device="cuda")
             nbytes = sum(g.numel() * g.element_size() for g in grads)
-            ms = time_ms(torch, lambda g=grads, f=found_inf, s=inv_scale:
-                         torch._amp_foreach_non_finite_check_and_unscale_(g, f, s))
-            print(f"torch {model:9s} {str(dtype):13s} {len(sizes):4d} tensors "
-                  f"{nbytes / 1e6:8.1f} MB: {ms:.3f} ms ({2 * nbytes / ms / 1e6:.0f} GB/s)")
+            bodies = {
+                "fused": functools.partial(torch._amp_foreach_non_finite_check_and_unscale_,
+                                           grads, found_inf, inv_scale),
+                "unfused": functools.partial(unfused, torch, grads, found_inf, inv_scale),
+            }
+            try:
+                bodies["fused"]()
+            except (NotImplementedError, RuntimeError) as error:  # torch 2.11: no bfloat16
+                print(f"torch {model} {dtype}: fused op unavailable ({error})")
+                del bodies["fused"]
+            times = interleaved_ms(torch, bodies)
+            if found_inf.item() != 0:
+                raise SystemExit(f"{model} {dtype}: finite data flagged non-finite")
+            line = (f"torch {model:9s} {str(dtype):14s} {len(sizes):4d} tensors"
+                    f" {nbytes / 1e6:8.1f} MB:")
+            for name, values in times.items():
+                median = values[len(values) // 2]
+                line += (f" {name} {median:.3f} ms [{values[0]:.3f}-{values[-1]:.3f}]"
+                         f" ({2 * nbytes / median / 1e6:.0f} GB/s)")
+            print(line)
 
 
 if __name__ == "__main__":
