@@ -1,9 +1,11 @@
-// Standalone check and timing of the tf_amp CUDA kernel, with no TensorFlow: the GPU machines
-// lent to this project have CUDA but no TensorFlow. Builds with the op's own kernel source:
+// Standalone check and timing of the tf_amp CUDA kernel, with no TensorFlow, for a CUDA machine
+// that has none installed. Builds with the op's own kernel source:
 //   nvcc -std=c++17 -O3 -I. -o harness tf_amp/cc/harness/unscale_harness.cu \
 //        -x cu tf_amp/cc/unscale_and_check_finite_gpu.cu.cc
 //   ./harness [--check-only] [resnet50|bert-base]...
-// (a) correctness: every dtype against a host reference, bit for bit, on random data, then
+// (a) correctness: every dtype against a host reference, bit for bit, on random data, in place,
+//     out of place (output poisoned first; the input must stay as it was) and off 16-byte
+//     alignment (the scalar path), then
 //     inf / -inf / nan injected at the first, middle and last element of the first and the
 //     last tensor must clear the flag; (b) timing: the whole list in place, on random finite
 //     data (zeros can run faster than real data), against a device-to-device copy of the same
@@ -107,21 +109,41 @@ uint64_t FromDouble(GpuDtype dtype, double value) {
   return 0;
 }
 
+// Where the kernel reads and writes: the op unscales in place when TensorFlow lets it reuse the
+// gradient's buffer, else into a new one; a buffer off 16-byte alignment takes the scalar path.
+enum class Layout { kInPlace, kOutOfPlace, kUnaligned };
+
+const char* LayoutName(Layout layout) {
+  switch (layout) {
+    case Layout::kInPlace: return "in place";
+    case Layout::kOutOfPlace: return "out of place";
+    case Layout::kUnaligned: return "unaligned, out of place";
+  }
+  return "";
+}
+
 struct DeviceList {
   std::vector<GpuTensorEntry> table;
-  std::vector<void*> buffers;
+  std::vector<void*> inputs;   // where each tensor is read
+  std::vector<void*> outputs;  // where it is written (== inputs in place)
+  std::vector<void*> allocations;
   GpuTensorEntry* device_table = nullptr;
   GpuTensorEntry* pinned_table = nullptr;
   int64_t chunks = 0;
   size_t bytes = 0;
 
-  DeviceList(const std::vector<int64_t>& sizes, GpuDtype dtype) {
+  DeviceList(const std::vector<int64_t>& sizes, GpuDtype dtype, Layout layout = Layout::kInPlace) {
+    const size_t width = ElementBytes(dtype);
+    // Unaligned: the input one element past an allocation's start, the output two.
+    const size_t in_offset = layout == Layout::kUnaligned ? width : 0;
+    const size_t out_offset = layout == Layout::kUnaligned ? 2 * width : 0;
     for (int64_t n : sizes) {
-      void* buffer = nullptr;
-      CHECK_CUDA(cudaMalloc(&buffer, std::max<size_t>(1, n * ElementBytes(dtype))));
-      buffers.push_back(buffer);
-      table.push_back({buffer, buffer, n, 0, dtype, 0});
-      bytes += n * ElementBytes(dtype);
+      void* in = Allocate(n * width + in_offset, in_offset);
+      void* out = layout == Layout::kInPlace ? in : Allocate(n * width + out_offset, out_offset);
+      inputs.push_back(in);
+      outputs.push_back(out);
+      table.push_back({in, out, n, 0, dtype, 0});
+      bytes += n * width;
     }
     chunks = tf_amp::PlanGpuTable(table.data(), int(table.size()));
     CHECK_CUDA(cudaMalloc(&device_table, sizeof(GpuTensorEntry) * table.size()));
@@ -129,9 +151,15 @@ struct DeviceList {
     std::memcpy(pinned_table, table.data(), sizeof(GpuTensorEntry) * table.size());
   }
   ~DeviceList() {
-    for (void* b : buffers) cudaFree(b);
+    for (void* b : allocations) cudaFree(b);
     cudaFree(device_table);
     cudaFreeHost(pinned_table);
+  }
+  void* Allocate(size_t bytes_needed, size_t offset) {
+    void* buffer = nullptr;
+    CHECK_CUDA(cudaMalloc(&buffer, std::max<size_t>(1, bytes_needed)));
+    allocations.push_back(buffer);
+    return static_cast<char*>(buffer) + offset;
   }
   bool Run(const float* scale, bool* flag) {
     const int error = tf_amp::LaunchUnscaleAndCheckFinite(pinned_table, device_table,
@@ -158,15 +186,15 @@ void FillRandomFinite(DeviceList& list, const std::vector<int64_t>& sizes, GpuDt
     std::memcpy(&raw[i * width], &bits, width);
   }
   for (size_t t = 0; t < sizes.size(); ++t) {
-    CHECK_CUDA(cudaMemcpy(list.buffers[t], raw.data(), sizes[t] * width, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(list.inputs[t], raw.data(), sizes[t] * width, cudaMemcpyHostToDevice));
   }
 }
 
 int CheckCorrectness(const std::vector<int64_t>& sizes, GpuDtype dtype, const char* name,
-                     float* scale, bool* flag) {
+                     Layout layout, float* scale, bool* flag) {
   const float host_scale = 1536.0f;  // not a power of two: rounding must match exactly
   CHECK_CUDA(cudaMemcpy(scale, &host_scale, 4, cudaMemcpyHostToDevice));
-  DeviceList list(sizes, dtype);
+  DeviceList list(sizes, dtype, layout);
   std::mt19937_64 rng(42);
   std::normal_distribution<double> normal(0.0, 100.0);
   const size_t width = ElementBytes(dtype);
@@ -178,18 +206,30 @@ int CheckCorrectness(const std::vector<int64_t>& sizes, GpuDtype dtype, const ch
       inputs[t][i] = FromDouble(dtype, normal(rng));
       std::memcpy(&raw[i * width], &inputs[t][i], width);
     }
-    CHECK_CUDA(cudaMemcpy(list.buffers[t], raw.data(), raw.size(), cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(list.inputs[t], raw.data(), raw.size(), cudaMemcpyHostToDevice));
+    if (list.outputs[t] != list.inputs[t]) {  // poisoned (NaN bits): an unwritten element shows
+      CHECK_CUDA(cudaMemset(list.outputs[t], 0xff, raw.size()));
+    }
   }
   int failures = 0;
   if (!list.Run(scale, flag)) { std::printf("  %s: finite data flagged non-finite\n", name); ++failures; }
   for (size_t t = 0; t < sizes.size(); ++t) {
     std::vector<unsigned char> raw(sizes[t] * width);
-    CHECK_CUDA(cudaMemcpy(raw.data(), list.buffers[t], raw.size(), cudaMemcpyDeviceToHost));
+    CHECK_CUDA(cudaMemcpy(raw.data(), list.outputs[t], raw.size(), cudaMemcpyDeviceToHost));
     for (int64_t i = 0; i < sizes[t]; ++i) {
       uint64_t got = 0;
       std::memcpy(&got, &raw[i * width], width);
       if (got != Reference(dtype, inputs[t][i], host_scale)) {
         if (failures++ < 5) std::printf("  %s: tensor %zu element %lld differs\n", name, t, (long long)i);
+      }
+    }
+    if (list.outputs[t] == list.inputs[t]) continue;
+    CHECK_CUDA(cudaMemcpy(raw.data(), list.inputs[t], raw.size(), cudaMemcpyDeviceToHost));
+    for (int64_t i = 0; i < sizes[t]; ++i) {  // out of place: the input is left as it was
+      uint64_t got = 0;
+      std::memcpy(&got, &raw[i * width], width);
+      if (got != inputs[t][i] && failures++ < 5) {
+        std::printf("  %s: input tensor %zu element %lld was written\n", name, t, (long long)i);
       }
     }
   }
@@ -199,7 +239,7 @@ int CheckCorrectness(const std::vector<int64_t>& sizes, GpuDtype dtype, const ch
     for (size_t t : targets) {
       for (int64_t i : {int64_t(0), sizes[t] / 2, sizes[t] - 1}) {
         const uint64_t bits = FromDouble(dtype, special);
-        char* address = static_cast<char*>(list.buffers[t]) + i * width;
+        char* address = static_cast<char*>(list.inputs[t]) + i * width;
         uint64_t saved = 0;
         CHECK_CUDA(cudaMemcpy(&saved, address, width, cudaMemcpyDeviceToHost));
         CHECK_CUDA(cudaMemcpy(address, &bits, width, cudaMemcpyHostToDevice));
@@ -211,7 +251,8 @@ int CheckCorrectness(const std::vector<int64_t>& sizes, GpuDtype dtype, const ch
       }
     }
   }
-  std::printf("correctness %-9s %s (%zu tensors)\n", name, failures ? "FAILED" : "ok", sizes.size());
+  std::printf("correctness %-9s %-23s %s (%zu tensors, %s path)\n", name, LayoutName(layout),
+              failures ? "FAILED" : "ok", sizes.size(), list.table[0].vectorized ? "16-byte" : "scalar");
   return failures;
 }
 
@@ -302,7 +343,11 @@ int main(int argc, char** argv) {
                                                      {GpuDtype::kDouble, "float64"}};
   int failures = 0;
   const std::vector<int64_t> small = {1, 7, 4096, 65536 + 3, 0, 1000003, 33};
-  for (auto [dtype, name] : dtypes) failures += CheckCorrectness(small, dtype, name, scale, flag);
+  for (Layout layout : {Layout::kInPlace, Layout::kOutOfPlace, Layout::kUnaligned}) {
+    for (auto [dtype, name] : dtypes) {
+      failures += CheckCorrectness(small, dtype, name, layout, scale, flag);
+    }
+  }
   for (const std::string& model : models) {
     const std::vector<int64_t> sizes = ShapesFor(model);
     for (auto [dtype, name] : dtypes) {
