@@ -321,6 +321,14 @@ def _bad_port(gd: graph_pb2.GraphDef) -> None:
     node(gd, "relu").input[0] = "mm:3"
 
 
+def _untyped_matmul(gd: graph_pb2.GraphDef) -> None:
+    del node(gd, "mm").attr["T"]  # one type attribute: read on the single-attr path
+
+
+def _untyped_sum(gd: graph_pb2.GraphDef) -> None:
+    del node(gd, "sum").attr["T"]  # Sum has T and Tidx: read on the several-attrs path
+
+
 @pytest.mark.parametrize(
     ("break_graph", "error", "message"),
     [
@@ -328,6 +336,9 @@ def _bad_port(gd: graph_pb2.GraphDef) -> None:
         (_dangling_input, ValueError, "'nowhere:0' that names no node"),
         (_missing_input, GraphRewriteError, "expects 2"),
         (_bad_port, GraphRewriteError, "only 1 output"),
+        # Was "no allow-list ops found, nothing to do": a missing dtype read as not float.
+        (_untyped_matmul, GraphRewriteError, "'mm' \\(MatMul\\) has no 'T' attribute"),
+        (_untyped_sum, GraphRewriteError, "'sum' \\(Sum\\) has no 'T' attribute"),
     ],
 )
 def test_malformed_graph_gives_a_clear_error(break_graph, error, message) -> None:  # noqa: ANN001
@@ -335,6 +346,17 @@ def test_malformed_graph_gives_a_clear_error(break_graph, error, message) -> Non
     break_graph(broken)
     with pytest.raises(error, match=message):
         rewrite_graph_def(broken)
+
+
+def test_a_left_out_type_attribute_with_a_default_takes_the_default() -> None:
+    whole, trimmed = build(mlp), build(mlp)
+    del node(trimmed, "sum").attr["Tidx"]  # Sum's Tidx defaults to int32
+    expected = rewrite_graph_def(whole).graph_def
+    del node(expected, "sum").attr["Tidx"]
+    got = rewrite_graph_def(trimmed).graph_def
+    assert got.SerializeToString(deterministic=True) == expected.SerializeToString(
+        deterministic=True
+    )
 
 
 def test_non_graph_def_input_is_a_type_error() -> None:

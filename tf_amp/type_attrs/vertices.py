@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tf_amp.type_attrs.body_view import BodyView
+from tf_amp.type_attrs.body_view import BodyView, GraphRewriteError
 from tf_amp.type_attrs.exclude import exclude_mark
 from tf_amp.type_attrs.op_info import DT_FLOAT, OpInfo, Port, node_layout, registry_op_info
 
@@ -101,8 +101,8 @@ def add_node_vertices(
             continue
         value = attrs.get(single)
         if value is None:
-            value = info.defaults.get(single)
-        dtype = value.type if value is not None else 0
+            value = _default_or_raise(view, i, info, single)
+        dtype = value.type
         node_sig.append(_sig1(dtype))
         if dtype != DT_FLOAT:
             in_v.append(_no_vertices(len(ins)))
@@ -114,6 +114,19 @@ def add_node_vertices(
         v_elem.append(-1)
         in_v.append(_ports_of(len(ins), info.single_in_pos, v))
         out_v.append(_ports_of(len(outs), info.single_out_pos, v))
+
+
+def _default_or_raise(view: BodyView, i: int, info: OpInfo, attr: str) -> Any:
+    """The op's default for a type attribute the node leaves out; without one the node is
+    malformed (TensorFlow refuses to import it too), and guessing a dtype would let an op be
+    painted, or skipped, for a type it does not have."""
+    value = info.defaults.get(attr)
+    if value is None:
+        raise GraphRewriteError(
+            f"Node {view.names[i]!r} ({view.ops[i]}) has no {attr!r} attribute, and its op "
+            f"gives it no default"
+        )
+    return value
 
 
 def _add_typed_vertices(
@@ -130,8 +143,8 @@ def _add_typed_vertices(
     sig: list[Any] = []
     local: dict[tuple[str, int], int] = {}
     for name in info.type_attrs:
-        value = attrs[name] if name in attrs else info.defaults.get(name)
-        dtype = int(value.type) if value is not None else 0
+        value = attrs[name] if name in attrs else _default_or_raise(view, i, info, name)
+        dtype = int(value.type)
         sig.append(dtype)
         if dtype == DT_FLOAT:
             local[(name, -1)] = len(v_node)
@@ -139,8 +152,8 @@ def _add_typed_vertices(
             v_attr.append(name)
             v_elem.append(-1)
     for name in info.list_type_attrs:
-        value = attrs[name] if name in attrs else info.defaults.get(name)
-        types = tuple(value.list.type) if value is not None else ()
+        value = attrs[name] if name in attrs else _default_or_raise(view, i, info, name)
+        types = tuple(value.list.type)
         sig.append(types)
         for k, dtype in enumerate(types):
             if dtype == DT_FLOAT:
