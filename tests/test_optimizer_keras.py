@@ -519,10 +519,10 @@ def test_floor_warning_once_and_raise_after_consecutive_skips(capfd):
         step()
 
 
-def _floor_run(jit_compile: bool) -> list[str]:
+def _floor_run(jit_compile: bool, check_every: int = 1) -> list[str]:
     """From scale 4: five skips (down to the floor 1), a finite step (up to 2), six skips;
     what the alarm says, and the step it raises on. Under XLA the checks run on the host
-    (``check_skips``)."""
+    (``check_skips``), after every ``check_every`` steps."""
     w = keras.Variable([1.0])
     opt = tf_amp.LossScaleOptimizer(
         keras.optimizers.SGD(0.1),
@@ -535,7 +535,7 @@ def _floor_run(jit_compile: bool) -> list[str]:
     for i, value in enumerate(values):
         try:
             step(tf.constant([value]))
-            if jit_compile:
+            if jit_compile and (i + 1) % check_every == 0:
                 opt.check_skips()
         except tf.errors.InvalidArgumentError as error:
             words = re.search(r"\d+ consecutive steps were skipped", str(error))
@@ -567,6 +567,73 @@ def test_floor_checks_of_an_xla_step_run_on_the_host_with_the_same_words(
         "fell to its floo", "is at its floor ", "fell to its floo", "is at its floor "
     ]
     assert "compiled with XLA" in caplog.text and "LossScaleCallback" in caplog.text
+
+
+def test_host_checks_every_few_xla_steps_miss_nothing_in_between(capfd):
+    """Checked every 4 steps, the host says each warning the steps would have said (counted
+    inside them), and raises at the check after the step that reached max_consecutive_skips.
+    Reading only the state at each check would have missed the first run's warnings: a
+    finite step ends it between two checks."""
+    _floor_run(jit_compile=False)
+    warnings = [line for line in capfd.readouterr().err.splitlines()
+                if line.startswith("WARNING tf_amp")]
+    said = _floor_run(jit_compile=True, check_every=4)
+    host = [line for line in capfd.readouterr().err.splitlines()
+            if line.startswith("WARNING tf_amp")]
+    assert said == ["step 11: 6 consecutive steps were skipped"]  # checked after step 11
+    assert host == warnings and len(host) == 4
+
+
+def _skip_runs_then_a_finite_batch(jit_compile: bool, **compile_args: object) -> None:
+    """fit over batches bad, bad, bad, good (twice), 4 steps per execution, with
+    max_consecutive_skips=3: the third skip of a run must raise, though the fourth batch of
+    the same execution is finite and resets the count before any host check."""
+    x, y = np.ones((32, 1), "float32"), np.ones((32, 1), "float32")
+    x[[i for i in range(32) if (i // 4) % 4 != 3]] = np.inf
+    inputs = keras.Input((1,))
+    model = keras.Model(inputs, keras.layers.Dense(1)(inputs))
+    opt = tf_amp.LossScaleOptimizer(
+        keras.optimizers.SGD(0.1), DynamicLossScale(initial_scale=4.0), max_consecutive_skips=3
+    )
+    model.compile(optimizer=opt, loss="mse", jit_compile=jit_compile, **compile_args)
+    model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0,
+              callbacks=[LossScaleCallback()])
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_max_consecutive_skips_is_enforced_with_several_steps_per_execution(jit_compile):
+    with pytest.raises(tf.errors.InvalidArgumentError, match="3 consecutive steps"):
+        _skip_runs_then_a_finite_batch(jit_compile, steps_per_execution=4)
+
+
+def test_loss_scale_callback_checks_a_train_step_the_user_compiles_with_xla():
+    """model.jit_compile is off; the train step compiles its own XLA function. The callback
+    still checks on the host (it used to look at model.jit_compile only)."""
+
+    class OwnXlaStep(keras.Model):
+        @tf.function(jit_compile=True)
+        def _step(self, x, y):  # noqa: ANN001, ANN202
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.square(self(x, training=True) - y))
+                scaled = self.optimizer.scale_loss(loss)
+            grads = tape.gradient(scaled, self.trainable_variables)
+            self.optimizer.apply(grads, self.trainable_variables)
+            return loss
+
+        def train_step(self, data):  # noqa: ANN001, ANN201
+            x, y = data
+            return {"loss": self._step(x, y)}
+
+    x, y = np.full((32, 1), np.inf, "float32"), np.ones((32, 1), "float32")
+    inputs = keras.Input((1,))
+    model = OwnXlaStep(inputs, keras.layers.Dense(1)(inputs))
+    opt = tf_amp.LossScaleOptimizer(
+        keras.optimizers.SGD(0.1), DynamicLossScale(initial_scale=4.0), max_consecutive_skips=3
+    )
+    model.compile(optimizer=opt, jit_compile=False)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="3 consecutive steps"):
+        model.fit(x, y, batch_size=4, epochs=1, verbose=0, callbacks=[LossScaleCallback()])
+    assert 3 <= int(opt.skipped_steps) <= 5
 
 
 def test_loss_scale_callback_enforces_max_consecutive_skips_in_a_jit_compiled_fit():

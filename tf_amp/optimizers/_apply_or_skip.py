@@ -16,7 +16,7 @@ from tensorflow.core.framework import attr_value_pb2
 from tf_amp._upstream.tensorflow import strategy_supports_no_merge_call
 from tf_amp.config import local_device_type
 from tf_amp.loss_scale import LossScale, LossScaleState
-from tf_amp.optimizers._floor_alarm import floor_alarm
+from tf_amp.optimizers._floor_alarm import FloorEvents, floor_alarm
 
 
 def all_replicas_finite(finite: tf.Tensor) -> tf.Tensor:
@@ -53,6 +53,7 @@ def apply_or_skip(
     variables: Sequence[Any],
     floor_warning_skips: int,
     max_consecutive_skips: int | None,
+    events: FloorEvents | None = None,
 ) -> tf.Tensor:
     """One ``tf.cond``: apply the inner optimizer and ``after_finite``, or ``after_skip``.
 
@@ -86,7 +87,8 @@ def apply_or_skip(
         new = policy.after_skip(state)
         deps = write(state, new)
         alarm = floor_alarm(
-            policy, new, floor_warning_skips, max_consecutive_skips, previous=state
+            policy, new, floor_warning_skips, max_consecutive_skips, previous=state,
+            events=events,
         )
         if alarm is not None:
             deps.append(alarm)
@@ -145,8 +147,12 @@ def apply_if_finite(
     state_variables: Sequence[Any],
     floor_warning_skips: int,
     max_consecutive_skips: int | None,
+    events: FloorEvents | None = None,
 ) -> tf.Tensor | None:
     """``apply_or_skip`` of ``inner_apply(grads, variables)``, from a replica context too.
+
+    ``events`` (the wrapper's, for ``check_skips()``) counts what the floor alarm would say
+    in a step XLA compiles.
 
     Call it with ``finite`` already ANDed over replicas (``all_replicas_finite``). Strategies
     that need ``merge_call`` (MirroredStrategy) cannot run a cond whose branch merges in a
@@ -163,6 +169,7 @@ def apply_if_finite(
             state_variables,
             floor_warning_skips,
             max_consecutive_skips,
+            events,
         )
 
     def cross_replica(distribution: Any, finite: Any, grads: Any, variables: Any) -> None:
@@ -178,6 +185,7 @@ def apply_if_finite(
             state_variables,
             floor_warning_skips,
             max_consecutive_skips,
+            events,
         )
 
     tf.distribute.get_replica_context().merge_call(cross_replica, args=(finite, grads, variables))

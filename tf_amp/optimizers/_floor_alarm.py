@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import Any
 
 import tensorflow as tf
 
@@ -59,12 +60,58 @@ def too_many_skips(max_consecutive_skips: int) -> str:
     )
 
 
+class FloorEvents:
+    """What the alarm would have said in steps XLA compiled, counted inside them for the host.
+
+    One int64 vector variable: how many times the scale fell to its floor, how many runs were
+    stuck there ``floor_warning_skips`` steps, how many steps were skipped with
+    ``max_consecutive_skips`` or more in a row, and the run length at the last fall (for the
+    words). Counts only grow, so the host compares them with what it read last time and never
+    writes them back: no race with steps that run while a check reads. Reading after any number
+    of steps (``steps_per_execution``, a check every few steps) misses nothing in between.
+
+    Not saved in checkpoints (a count of messages, not training state). ``armed`` is set when
+    a step that updates the counts is traced: until then a check reads nothing and costs no
+    host round trip.
+    """
+
+    FIELDS = ("fell", "stuck", "too_many", "fell_skips")
+
+    def __init__(self) -> None:
+        with tf.init_scope():
+            self.counts = tf.Variable(
+                tf.zeros([len(self.FIELDS)], tf.int64),
+                name="loss_scale_floor_events",
+                trainable=False,
+                synchronization=tf.VariableSynchronization.ON_WRITE,
+                # every replica takes the same decisions (the finite flag is ANDed)
+                aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+            )
+        self.armed = False
+
+    def record(self, fell: tf.Tensor, stuck: tf.Tensor, too_many: tf.Tensor,
+               skips: tf.Tensor) -> Any:
+        """The op adding this step's events (booleans) to the counts."""
+        self.armed = True
+        old = tf.convert_to_tensor(self.counts)
+        added = tf.cast(tf.stack([fell, stuck, too_many]), tf.int64)
+        fell_skips = tf.where(fell, tf.cast(skips, tf.int64), old[3])
+        return self.counts.assign(
+            tf.concat([old[:3] + added, [fell_skips]], axis=0), read_value=False
+        )
+
+    def read(self) -> dict[str, int]:
+        """The counts now, by field (one host read)."""
+        return dict(zip(self.FIELDS, (int(v) for v in self.counts.numpy()), strict=True))
+
+
 def floor_alarm(
     policy: LossScale,
     state: LossScaleState,
     floor_warning_skips: int,
     max_consecutive_skips: int | None,
     previous: LossScaleState | None = None,
+    events: FloorEvents | None = None,
 ) -> tf.Tensor | None:
     """Says when the scale falls to its floor and when it is stuck there; raises after too
     many skips in a row.
@@ -79,23 +126,37 @@ def floor_alarm(
     further on), or an inf/NaN the step would produce in float32 too. Returns a tensor to
     depend on, or None when there is nothing to check. Under ``jit_compile`` neither check is
     built (XLA compiles no print or assert ops; the trace logs that once, see the module
-    docstring); skipping itself is unaffected.
+    docstring): the step adds what it would have said to ``events``, when given, for the
+    wrapper's ``check_skips()`` on the host. Skipping itself is unaffected.
     """
     warns = policy.dynamic and floor_warning_skips > 0
     if in_xla_context():
-        if warns or max_consecutive_skips:
-            say_once(
-                "floor checks under XLA",
-                logging.WARNING,
-                "this train step is compiled with XLA (jit_compile), which compiles "
-                "no print or assert op, so the loss-scale floor warning and "
-                "max_consecutive_skips are not checked inside it (steps with inf/NaN "
-                "gradients are still skipped and counted). In Keras 3's fit, add "
-                "tf_amp.LossScaleCallback() to the callbacks: it checks both on the host "
-                "after each batch; with a tf_amp LossScaleOptimizer in a custom loop, call "
-                "its check_skips() after a step."
-            )
-        return None
+        if not (warns or max_consecutive_skips):
+            return None
+        say_once(
+            "floor checks under XLA",
+            logging.WARNING,
+            "this train step is compiled with XLA (jit_compile), which compiles "
+            "no print or assert op, so the loss-scale floor warning and "
+            "max_consecutive_skips are not checked inside it (steps with inf/NaN "
+            "gradients are still skipped and counted). In Keras 3's fit, add "
+            "tf_amp.LossScaleCallback() to the callbacks: it checks both on the host "
+            "after each batch; with a tf_amp LossScaleOptimizer in a custom loop, call "
+            "its check_skips() after a step, or every few steps (what happened in between "
+            "is counted)."
+        )
+        if events is None:
+            return None
+        false = tf.constant(False)
+        fell = _fell(policy, state, previous) if warns else false
+        stuck = tf.equal(state.floor_skips, floor_warning_skips) if warns else false
+        too_many = (
+            tf.greater_equal(state.consecutive_skips, max_consecutive_skips)
+            if max_consecutive_skips else false
+        )
+        counted = events.record(fell, stuck, too_many, state.consecutive_skips)
+        with tf.control_dependencies([counted]):
+            return tf.constant(True)
     checks = []
     if warns:
         min_scale = getattr(policy, "min_scale", 1.0)
@@ -108,11 +169,7 @@ def floor_alarm(
                 return tf.constant(True)
 
         if previous is not None:
-            floor = tf.constant(min_scale, tf.float32)
-            fell = tf.logical_and(
-                tf.cast(previous.scale, tf.float32) > floor,
-                tf.cast(state.scale, tf.float32) <= floor,
-            )
+            fell = _fell(policy, state, previous)
             checks.append(
                 tf.cond(
                     fell,
@@ -141,3 +198,13 @@ def floor_alarm(
         return None
     with tf.control_dependencies(checks):
         return tf.constant(True)
+
+
+def _fell(policy: LossScale, state: LossScaleState, previous: LossScaleState | None) -> tf.Tensor:
+    """Whether this skip brought the scale down to its floor (False without a previous state)."""
+    if previous is None:
+        return tf.constant(False)
+    floor = tf.constant(getattr(policy, "min_scale", 1.0), tf.float32)
+    return tf.logical_and(
+        tf.cast(previous.scale, tf.float32) > floor, tf.cast(state.scale, tf.float32) <= floor
+    )

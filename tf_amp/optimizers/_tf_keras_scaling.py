@@ -208,6 +208,7 @@ class TfKerasLossScaling(TfKerasScaleState, TfKerasConfig):
             self._state_vars,
             self.floor_warning_skips,
             self.max_consecutive_skips,
+            events=self._host_floor_alarm.events,
         )
         with tf.control_dependencies([done] if done is not None else []):
             _summaries.write_summaries(self._state_vars[0], self._state_vars[2], self.iterations)

@@ -9,36 +9,30 @@ import keras
 
 
 class LossScaleCallback(keras.callbacks.Callback):
-    """Adds ``loss_scale`` and ``skipped_steps`` to the epoch logs of ``fit``; with
-    ``jit_compile``, also warns and raises as the optimizer does in a step XLA does not compile.
+    """Adds ``loss_scale`` and ``skipped_steps`` to the epoch logs of ``fit``; for train steps
+    XLA compiles, also warns and raises as the optimizer does in a step XLA does not compile.
 
     Place it before ``keras.callbacks.TensorBoard`` in the callback list and the two values are
     charted as ``epoch_loss_scale`` / ``epoch_skipped_steps``; they also land in ``History``.
-    Reading the two scalars once per epoch is the only host sync it adds, unless the model's
-    train step is compiled with XLA (``model.jit_compile``, which Keras turns on by itself
-    on a GPU): XLA compiles no print or assert, so the step cannot say that the scale fell to
-    its floor nor enforce ``max_consecutive_skips``; then this callback reads the scale's
-    state after each batch and does both (``optimizer.check_skips()``), in Keras's
-    callback thread where Keras runs batch callbacks asynchronously.
+    Reading the two scalars once per epoch is the only host sync it adds, unless the train
+    step is compiled with XLA (``model.jit_compile``, which Keras turns on by itself on a GPU,
+    or a ``train_step`` of your own under ``tf.function(jit_compile=True)``): XLA compiles no
+    print or assert, so the step cannot say that the scale fell to its floor nor enforce
+    ``max_consecutive_skips``; it counts those events instead, and this callback reads the
+    counts after each batch (each execution, with ``steps_per_execution``) and says them
+    (``optimizer.check_skips()``), in Keras's callback thread where Keras runs batch
+    callbacks asynchronously.
     """
 
-    # Reads variables only, under a lock (check_skips). Run in Keras's callback threads, its
-    # error reaches fit at the next batch or at the epoch's end: a batch or so late.
+    # Reads one variable only, under a lock (check_skips). Run in Keras's callback threads,
+    # its error reaches fit at the next batch or at the epoch's end: a batch or so late.
     async_safe = True
 
-    def __init__(self) -> None:
-        super().__init__()
-        self._check_on_host = False
-
-    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
-        optimizer = getattr(self.model, "optimizer", None)
-        self._check_on_host = bool(getattr(self.model, "jit_compile", False)) and hasattr(
-            optimizer, "check_skips"
-        )
-
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        if self._check_on_host:
-            self.model.optimizer.check_skips()
+        # No host read until a step XLA compiled was traced (check_skips returns at once).
+        check_skips = getattr(getattr(self.model, "optimizer", None), "check_skips", None)
+        if check_skips is not None:
+            check_skips()
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         optimizer = getattr(self.model, "optimizer", None)

@@ -234,6 +234,7 @@ class KerasLossScaleOptimizer(
             state_vars,
             self.floor_warning_skips,
             self.max_consecutive_skips,
+            events=self._host_floor_alarm.events,
         )
         with tf.control_dependencies([done] if done is not None else []):
             _summaries.write_summaries(state_vars[0], state_vars[2], self.iterations)
