@@ -80,6 +80,29 @@ def test_wrapper_checkpoint_restores_into_the_plain_optimizer(tmp_path):
     status.expect_partial()
 
 
+def test_wrapper_checkpoint_goes_back_to_keras3s_wrapper_through_its_inner_optimizer(tmp_path):
+    """Keras 3's own LossScaleOptimizer keeps different variables under the same checkpoint
+    keys as the plain optimizer (so as ours): restored whole it fails on a dtype. Its inner
+    optimizer takes ours as a plain checkpoint (the README's way back)."""
+    var = tf.Variable([1.0, 2.0])
+    wrapper = adam_trained(tf_amp.LossScaleOptimizer(keras.optimizers.Adam(0.1)), var)
+    path = tf.train.Checkpoint(optimizer=wrapper, var=var).save(str(tmp_path / "c"))
+
+    keras_var = tf.Variable([0.0, 0.0])
+    theirs = keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(0.1))
+    theirs.build([keras_var])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="dtype"):
+        tf.train.Checkpoint(optimizer=theirs, var=keras_var).restore(path)
+    status = tf.train.Checkpoint(optimizer=theirs.inner_optimizer, var=keras_var).restore(path)
+    status.assert_existing_objects_matched()
+    status.expect_partial()  # the scale, which Keras's wrapper starts afresh
+    np.testing.assert_array_equal(keras_var.numpy(), var.numpy())
+    assert int(theirs.inner_optimizer.iterations) == 3
+    for got, want in zip(theirs.inner_optimizer.variables, wrapper.inner_optimizer.variables,
+                         strict=True):
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
+
+
 def test_plain_checkpoint_restores_into_a_wrapper_whose_scale_starts_afresh(tmp_path):
     var = tf.Variable([1.0, 2.0])
     plain = keras.optimizers.Adam(0.1)
