@@ -636,6 +636,34 @@ def test_loss_scale_callback_checks_a_train_step_the_user_compiles_with_xla():
     assert 3 <= int(opt.skipped_steps) <= 5
 
 
+def test_a_module_with_an_xla_step_exports_and_checkpoints_keep_their_keys(tmp_path):
+    """The XLA step captures the floor-event counts: tf.saved_model.save must reach them
+    (it refused an 'untracked' resource), while checkpoints leave them out."""
+    w = tf.Variable([1.0])
+    opt = tf_amp.LossScaleOptimizer(keras.optimizers.SGD(0.1), max_consecutive_skips=5)
+
+    class Trainer(tf.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w, self.opt = w, opt
+
+        @tf.function(jit_compile=True, input_signature=[tf.TensorSpec([1])])
+        def train(self, gradient: tf.Tensor) -> tf.Tensor:
+            self.opt.apply([gradient], [self.w])
+            return self.w.read_value()
+
+    trainer = Trainer()
+    with pytest.warns(UserWarning, match="not scaled"):
+        trainer.train(tf.constant([np.inf]))
+    tf.saved_model.save(trainer, str(tmp_path / "saved"))
+    loaded = tf.saved_model.load(str(tmp_path / "saved"))
+    np.testing.assert_array_equal(loaded.train(tf.constant([np.inf])).numpy(), [1.0])
+    path = tf.train.Checkpoint(optimizer=opt).save(str(tmp_path / "c"))
+    names = [name for name, _ in tf.train.list_variables(path)]
+    assert any("loss_scale" in name for name in names)
+    assert not any("floor_events" in name for name in names)
+
+
 def test_loss_scale_callback_enforces_max_consecutive_skips_in_a_jit_compiled_fit():
     _, y = data()
     x_bad = np.full_like(y, np.inf)  # every step's gradients are inf

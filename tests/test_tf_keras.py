@@ -419,6 +419,32 @@ def test_env_activation_patches_tf_keras_and_restores_it_exactly() -> None:
     assert [vars(owner)[name] for owner, name in owners] == originals
 
 
+def test_a_module_with_an_xla_step_exports_and_checkpoints_keep_their_keys(tmp_path):
+    """As for the Keras 3 wrapper: the counts an XLA step keeps are exported, not checkpointed."""
+    w = tf.Variable([1.0])
+    opt = tf_amp.LossScaleOptimizer(tf_keras.optimizers.SGD(0.1), max_consecutive_skips=5)
+
+    class Trainer(tf.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w, self.opt = w, opt
+
+        @tf.function(jit_compile=True, input_signature=[tf.TensorSpec([1])])
+        def train(self, gradient: tf.Tensor) -> tf.Tensor:
+            self.opt.apply_gradients([(gradient, self.w)])
+            return self.w.read_value()
+
+    trainer = Trainer()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # gradients of an unscaled loss: on purpose
+        trainer.train(tf.constant([np.inf]))
+    tf.saved_model.save(trainer, str(tmp_path / "saved"))
+    path = tf.train.Checkpoint(optimizer=opt).save(str(tmp_path / "c"))
+    names = [name for name, _ in tf.train.list_variables(path)]
+    assert any("current_loss_scale" in name for name in names)
+    assert not any("floor_events" in name for name in names)
+
+
 def test_check_skips_gives_an_xla_steps_floor_checks_on_the_host(capfd):
     """A step compiled with XLA has no in-graph alarm; check_skips() says it and raises."""
     w = tf.Variable([1.0])

@@ -21,6 +21,7 @@ checkpoint's node has ``inner_optimizer`` they are bound to stand-ins that resto
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import tensorflow as tf
@@ -45,12 +46,31 @@ KERAS_NAMES = frozenset({KERAS_INNER_CHILD, *KERAS_STATE_CHILDREN, *KERAS_OWN_CH
 
 
 class StateTrackable(AutoTrackable):
-    """The loss-scale variables as one checkpoint object, each under its field's name."""
+    """The loss-scale variables as one checkpoint object, each under its name in ``names``
+    (``LossScaleState``'s fields; the tf_keras wrapper passes tf_keras's names).
 
-    def __init__(self, variables: list[Any]) -> None:
+    ``floor_events`` (the counts XLA-compiled steps keep for the host floor checks) is a child
+    for SavedModel export only: a ``tf.function`` that applies the optimizer under XLA captures
+    it, and export refuses a captured variable it cannot reach. Checkpoints leave it out (a
+    count of messages, not training state), so their keys stay what they were.
+    """
+
+    def __init__(
+        self,
+        variables: Sequence[Any],
+        floor_events: Any = None,
+        names: Sequence[str] = LossScaleState._fields,
+    ) -> None:
         super().__init__()
-        for field, variable in zip(LossScaleState._fields, variables, strict=True):
-            setattr(self, field, variable)
+        for name, variable in zip(names, variables, strict=True):
+            setattr(self, name, variable)
+        object.__setattr__(self, "_floor_events", floor_events)  # not tracked: see above
+
+    def _trackable_children(self, save_type: str = "checkpoint", **kwargs: Any) -> dict[str, Any]:
+        found = super()._trackable_children(save_type, **kwargs)
+        if save_type == "savedmodel" and self._floor_events is not None:
+            found = {**found, "floor_events": self._floor_events}
+        return found
 
 
 class _Unused(Trackable):

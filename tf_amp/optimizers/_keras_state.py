@@ -48,8 +48,10 @@ class LossScaleStateOwner(ChecksSkipsOnHost, PolicyViews):
             )
             for field, value in zip(LossScaleState._fields, initial, strict=True)
         ]
-        self._state_checkpoint = _checkpoint_layout.StateTrackable(self._state_vars)
         self._host_floor_alarm = HostFloorAlarm()
+        self._state_checkpoint = _checkpoint_layout.StateTrackable(
+            self._state_vars, self._host_floor_alarm.events.counts
+        )
 
     def _state(self) -> LossScaleState:
         return LossScaleState(*(v.value for v in self._state_vars))

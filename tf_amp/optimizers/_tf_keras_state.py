@@ -10,11 +10,8 @@ optimizer variables instead (:mod:`tf_amp.optimizers._keras_state`); nothing is 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import tensorflow as tf
 
-from tf_amp._upstream import tensorflow as upstream_tf
 from tf_amp.loss_scale import LossScale, LossScaleState
 from tf_amp.optimizers._host_floor_alarm import ChecksSkipsOnHost
 from tf_amp.optimizers._policy_views import PolicyViews
@@ -24,14 +21,6 @@ from tf_amp.optimizers._policy_views import PolicyViews
 CHECKPOINT_NAMES = ("current_loss_scale", "good_steps", "skipped_steps", "consecutive_skips",
                     "floor_skips")
 
-
-class StateTrackable(upstream_tf.AutoTrackable):
-    """The loss-scale variables as the ``loss_scale`` checkpoint entry, in tf_keras's names."""
-
-    def __init__(self, variables: Sequence[tf.Variable]) -> None:
-        super().__init__()
-        for name, variable in zip(CHECKPOINT_NAMES, variables, strict=True):
-            setattr(self, name, variable)
 
 
 def create_state_variables(policy: LossScale) -> list[tf.Variable]:
