@@ -86,14 +86,16 @@ def main() -> None:
                                            grads, found_inf, inv_scale),
                 "unfused": functools.partial(unfused, torch, grads, found_inf, inv_scale),
             }
-            try:
-                bodies["fused"]()
-            except (NotImplementedError, RuntimeError) as error:  # torch 2.11: no bfloat16
-                print(f"torch {model} {dtype}: fused op unavailable ({error})")
-                del bodies["fused"]
+            for name in list(bodies):
+                try:
+                    bodies[name]()
+                except (NotImplementedError, RuntimeError) as error:  # 2.11: fused, no bfloat16
+                    print(f"torch {model} {dtype}: {name} unavailable ({error})")
+                    del bodies[name]
+                    continue
+                if found_inf.item() != 0:  # each way on its own: the last call sets the flag
+                    raise SystemExit(f"{model} {dtype}: {name}: finite data flagged non-finite")
             times = interleaved_ms(torch, bodies)
-            if found_inf.item() != 0:
-                raise SystemExit(f"{model} {dtype}: finite data flagged non-finite")
             line = (f"torch {model:9s} {str(dtype):14s} {len(sizes):4d} tensors"
                     f" {nbytes / 1e6:8.1f} MB:")
             for name, values in times.items():

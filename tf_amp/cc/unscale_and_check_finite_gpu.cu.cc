@@ -173,6 +173,8 @@ int CachedBlockLimit() {
 
 }  // namespace
 
+int GpuLaunchBlocks() { return CachedBlockLimit(); }
+
 int64_t PlanGpuTable(GpuTensorEntry* host_table, int num_tensors) {
   int64_t chunks = 0;
   for (int i = 0; i < num_tensors; ++i) {

@@ -32,6 +32,11 @@ constexpr int64_t kGpuChunkElements = 64 * 1024;
 // Number of chunks a tensor of n elements is cut into.
 inline int64_t GpuChunkCount(int64_t n) { return (n + kGpuChunkElements - 1) / kGpuChunkElements; }
 
+// The most blocks one launch starts on the current device (resident blocks per SM x SMs): a
+// launch of more chunks than this has each block loop over several (the standalone harness
+// sizes a tensor from it so that its check covers that loop).
+int GpuLaunchBlocks();
+
 // Fills the host table's first_chunk and vectorized fields; returns the total chunk count.
 int64_t PlanGpuTable(GpuTensorEntry* host_table, int num_tensors);
 

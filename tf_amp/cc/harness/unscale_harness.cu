@@ -5,9 +5,10 @@
 //   ./harness [--check-only] [resnet50|bert-base]...
 // (a) correctness: every dtype against a host reference, bit for bit, on random data, in place,
 //     out of place (output poisoned first; the input must stay as it was) and off 16-byte
-//     alignment (the scalar path), then
-//     inf / -inf / nan injected at the first, middle and last element of the first and the
-//     last tensor must clear the flag; (b) timing: the whole list in place, on random finite
+//     alignment (the scalar path), on a list whose last tensor has more chunks than a launch
+//     has blocks; then inf / -inf / nan injected at the first, middle and last element of the
+//     first and the last tensor, and inf in each word a thread keeps in flight, in chunks
+//     early and late in the grid-stride loop, must each clear the flag; (b) timing: the whole list in place, on random finite
 //     data (zeros can run faster than real data), against a device-to-device copy of the same
 //     bytes (the bandwidth floor for read + write); median and range of several repeats, so a
 //     difference smaller than the spread reads as noise. --check-only runs (a) alone, small
@@ -233,22 +234,34 @@ int CheckCorrectness(const std::vector<int64_t>& sizes, GpuDtype dtype, const ch
       }
     }
   }
-  const double specials[] = {INFINITY, -INFINITY, NAN};
-  const size_t targets[] = {0, sizes.size() - 1};
-  for (double special : specials) {
-    for (size_t t : targets) {
-      for (int64_t i : {int64_t(0), sizes[t] / 2, sizes[t] - 1}) {
-        const uint64_t bits = FromDouble(dtype, special);
-        char* address = static_cast<char*>(list.inputs[t]) + i * width;
-        uint64_t saved = 0;
-        CHECK_CUDA(cudaMemcpy(&saved, address, width, cudaMemcpyDeviceToHost));
-        CHECK_CUDA(cudaMemcpy(address, &bits, width, cudaMemcpyHostToDevice));
-        if (list.Run(scale, flag)) {
-          std::printf("  %s: %f at tensor %zu element %lld not detected\n", name, special, t, (long long)i);
-          ++failures;
-        }
-        CHECK_CUDA(cudaMemcpy(address, &saved, width, cudaMemcpyHostToDevice));
-      }
+  // One non-finite value at a time must clear the flag.
+  auto detects = [&](double special, size_t t, int64_t i) {
+    const uint64_t bits = FromDouble(dtype, special);
+    char* address = static_cast<char*>(list.inputs[t]) + i * width;
+    uint64_t saved = 0;
+    CHECK_CUDA(cudaMemcpy(&saved, address, width, cudaMemcpyDeviceToHost));
+    CHECK_CUDA(cudaMemcpy(address, &bits, width, cudaMemcpyHostToDevice));
+    if (list.Run(scale, flag)) {
+      std::printf("  %s: %f at tensor %zu element %lld not detected\n", name, special, t, (long long)i);
+      ++failures;
+    }
+    CHECK_CUDA(cudaMemcpy(address, &saved, width, cudaMemcpyHostToDevice));
+  };
+  for (double special : {double(INFINITY), -double(INFINITY), double(NAN)}) {
+    for (size_t t : {size_t(0), sizes.size() - 1}) {
+      for (int64_t i : {int64_t(0), sizes[t] / 2, sizes[t] - 1}) detects(special, t, i);
+    }
+  }
+  // In the last tensor (the long one), lane 1 of words 3 + 512 j, j < 8: each of the words a
+  // thread keeps in flight (for 256, 512 or 1024 threads a block), in the first chunk, the
+  // first chunk a block reaches on its second turn of the grid-stride loop, and the last.
+  const size_t last = sizes.size() - 1;
+  const int64_t lanes = int64_t(16 / width);
+  const int64_t last_chunks = tf_amp::GpuChunkCount(sizes[last]);
+  for (int64_t chunk : {int64_t(0), int64_t(tf_amp::GpuLaunchBlocks()), last_chunks - 2}) {
+    for (int64_t j = 0; j < 8; ++j) {
+      const int64_t i = chunk * tf_amp::kGpuChunkElements + (3 + 512 * j) * lanes + 1;
+      if (chunk >= 0 && i < sizes[last]) detects(INFINITY, last, i);
     }
   }
   std::printf("correctness %-9s %-23s %s (%zu tensors, %s path)\n", name, LayoutName(layout),
@@ -342,10 +355,17 @@ int main(int argc, char** argv) {
                                                      {GpuDtype::kBfloat16, "bfloat16"},
                                                      {GpuDtype::kDouble, "float64"}};
   int failures = 0;
-  const std::vector<int64_t> small = {1, 7, 4096, 65536 + 3, 0, 1000003, 33};
+  // Odd lengths, an empty tensor, a chunk and a bit, and last a tensor of more chunks than one
+  // launch has blocks (twice over, and a partial chunk): blocks loop over several chunks.
+  const int64_t long_elements = (2 * int64_t(tf_amp::GpuLaunchBlocks()) + 3) *
+                                tf_amp::kGpuChunkElements + 5;
+  const std::vector<int64_t> lists = {1, 7, 4096, 65536 + 3, 0, 1000003, 33, long_elements};
+  std::printf("launch: %d blocks; the checked lists end with a tensor of %lld elements (%lld chunks)\n",
+              tf_amp::GpuLaunchBlocks(), (long long)long_elements,
+              (long long)tf_amp::GpuChunkCount(long_elements));
   for (Layout layout : {Layout::kInPlace, Layout::kOutOfPlace, Layout::kUnaligned}) {
     for (auto [dtype, name] : dtypes) {
-      failures += CheckCorrectness(small, dtype, name, layout, scale, flag);
+      failures += CheckCorrectness(lists, dtype, name, layout, scale, flag);
     }
   }
   for (const std::string& model : models) {
