@@ -9,7 +9,7 @@ out=${OUT:-/tmp/tf_amp_gpu_sweep}
 mkdir -p "$out"
 build_dir=$(mktemp -d)
 arch=-arch=native
-nvcc -arch=native --version >/dev/null 2>&1 || arch=-arch=sm_90
+nvidia-smi -L >/dev/null 2>&1 || arch=-arch=sm_90  # no GPU to build for natively: H100/H200
 shapes=()
 for threads in 256 512 1024; do
   for words in 1 2 4 8; do
