@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from tensorflow.core.framework import graph_pb2, types_pb2
@@ -32,3 +32,24 @@ def executed_half_ops(run_metadata: Any) -> set[str]:
     for graph in run_metadata.partition_graphs:
         found |= {n.op for n in graph.node if n.attr["T"].type == types_pb2.DT_HALF}
     return found
+
+
+def module_with_an_xla_step(
+    optimizer: Any, variable: Any, apply: Callable[[Any, Any, Any], None]
+) -> Any:
+    """A ``tf.Module`` holding ``variable`` and ``optimizer``, whose ``train(gradient)`` (one
+    float of gradient, compiled with XLA) calls ``apply(optimizer, gradient, variable)`` and
+    returns the variable: a custom training step as users export them."""
+    import tensorflow as tf
+
+    class Trainer(tf.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.variable, self.optimizer = variable, optimizer
+
+        @tf.function(jit_compile=True, input_signature=[tf.TensorSpec([1])])
+        def train(self, gradient: tf.Tensor) -> tf.Tensor:
+            apply(self.optimizer, gradient, self.variable)
+            return self.variable.read_value()
+
+    return Trainer()

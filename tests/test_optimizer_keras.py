@@ -12,6 +12,7 @@ import pytest
 import tensorflow as tf
 
 import tf_amp
+from tests.e2e_helpers import module_with_an_xla_step
 from tf_amp.config import local_device_type
 from tf_amp.loss_scale import DynamicLossScale, StaticLossScale
 from tf_amp.optimizers.keras import KerasLossScaleOptimizer, LossScaleCallback
@@ -641,18 +642,7 @@ def test_a_module_with_an_xla_step_exports_and_checkpoints_keep_their_keys(tmp_p
     (it refused an 'untracked' resource), while checkpoints leave them out."""
     w = tf.Variable([1.0])
     opt = tf_amp.LossScaleOptimizer(keras.optimizers.SGD(0.1), max_consecutive_skips=5)
-
-    class Trainer(tf.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.w, self.opt = w, opt
-
-        @tf.function(jit_compile=True, input_signature=[tf.TensorSpec([1])])
-        def train(self, gradient: tf.Tensor) -> tf.Tensor:
-            self.opt.apply([gradient], [self.w])
-            return self.w.read_value()
-
-    trainer = Trainer()
+    trainer = module_with_an_xla_step(opt, w, lambda o, g, v: o.apply([g], [v]))
     with pytest.warns(UserWarning, match="not scaled"):
         trainer.train(tf.constant([np.inf]))
     tf.saved_model.save(trainer, str(tmp_path / "saved"))

@@ -20,7 +20,7 @@ tf_keras = pytest.importorskip(
 )
 
 import tf_amp  # noqa: E402
-from tests.e2e_helpers import half_ops_of_functions  # noqa: E402
+from tests.e2e_helpers import half_ops_of_functions, module_with_an_xla_step  # noqa: E402
 from tf_amp.enable import optimizer_wants_rewrite  # noqa: E402
 from tf_amp.loss_scale import DynamicLossScale  # noqa: E402
 from tf_amp.optimizers.tf_keras import (  # noqa: E402
@@ -423,18 +423,7 @@ def test_a_module_with_an_xla_step_exports_and_checkpoints_keep_their_keys(tmp_p
     """As for the Keras 3 wrapper: the counts an XLA step keeps are exported, not checkpointed."""
     w = tf.Variable([1.0])
     opt = tf_amp.LossScaleOptimizer(tf_keras.optimizers.SGD(0.1), max_consecutive_skips=5)
-
-    class Trainer(tf.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.w, self.opt = w, opt
-
-        @tf.function(jit_compile=True, input_signature=[tf.TensorSpec([1])])
-        def train(self, gradient: tf.Tensor) -> tf.Tensor:
-            self.opt.apply_gradients([(gradient, self.w)])
-            return self.w.read_value()
-
-    trainer = Trainer()
+    trainer = module_with_an_xla_step(opt, w, lambda o, g, v: o.apply_gradients([(g, v)]))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # gradients of an unscaled loss: on purpose
         trainer.train(tf.constant([np.inf]))
