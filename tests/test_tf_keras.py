@@ -419,6 +419,21 @@ def test_env_activation_patches_tf_keras_and_restores_it_exactly() -> None:
     assert [vars(owner)[name] for owner, name in owners] == originals
 
 
+def test_a_lambda_callback_gives_a_jit_compiled_fit_its_host_checks() -> None:
+    """The README's way for tf_keras's fit (LossScaleCallback is a Keras 3 callback)."""
+    x, y = np.full((32, 1), np.inf, "float32"), np.ones((32, 1), "float32")
+    inputs = tf_keras.Input((1,))
+    model = tf_keras.Model(inputs, tf_keras.layers.Dense(1)(inputs))
+    opt = tf_amp.LossScaleOptimizer(
+        tf_keras.optimizers.SGD(0.1), DynamicLossScale(initial_scale=4.0), max_consecutive_skips=3
+    )
+    model.compile(optimizer=opt, loss="mse", jit_compile=True)
+    check = tf_keras.callbacks.LambdaCallback(on_train_batch_end=lambda *_: opt.check_skips())
+    with pytest.raises(tf.errors.InvalidArgumentError, match="3 consecutive steps"):
+        model.fit(x, y, batch_size=4, epochs=1, verbose=0, callbacks=[check])
+    assert int(opt.skipped_steps) == 3  # tf_keras runs batch callbacks in step, not later
+
+
 def test_a_module_with_an_xla_step_exports_and_checkpoints_keep_their_keys(tmp_path):
     """As for the Keras 3 wrapper: the counts an XLA step keeps are exported, not checkpointed."""
     w = tf.Variable([1.0])
