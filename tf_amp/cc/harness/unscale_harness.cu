@@ -252,16 +252,20 @@ int CheckCorrectness(const std::vector<int64_t>& sizes, GpuDtype dtype, const ch
       for (int64_t i : {int64_t(0), sizes[t] / 2, sizes[t] - 1}) detects(special, t, i);
     }
   }
-  // In the last tensor (the long one), lane 1 of words 3 + 512 j, j < 8: each of the words a
-  // thread keeps in flight (for 256, 512 or 1024 threads a block), in the first chunk, the
-  // first chunk a block reaches on its second turn of the grid-stride loop, and the last.
+  // In the last tensor (the long one), lane 1 of words 3 + 256 j, j < 8: each of the words a
+  // thread keeps in flight (threads 3 and 259 of 512, word k at 512 k; thread 3 of 256, word k
+  // at 256 k), in the tensor's first chunk, a chunk that some block reaches on its second turn
+  // of the grid-stride loop, and the last full one.
   const size_t last = sizes.size() - 1;
   const int64_t lanes = int64_t(16 / width);
   const int64_t last_chunks = tf_amp::GpuChunkCount(sizes[last]);
   for (int64_t chunk : {int64_t(0), int64_t(tf_amp::GpuLaunchBlocks()), last_chunks - 2}) {
     for (int64_t j = 0; j < 8; ++j) {
-      const int64_t i = chunk * tf_amp::kGpuChunkElements + (3 + 512 * j) * lanes + 1;
-      if (chunk >= 0 && i < sizes[last]) detects(INFINITY, last, i);
+      const int64_t word = 3 + 256 * j;
+      const int64_t i = chunk * tf_amp::kGpuChunkElements + word * lanes + 1;
+      if (chunk >= 0 && word * lanes < tf_amp::kGpuChunkElements && i < sizes[last]) {
+        detects(INFINITY, last, i);
+      }
     }
   }
   std::printf("correctness %-9s %-23s %s (%zu tensors, %s path)\n", name, LayoutName(layout),
@@ -302,27 +306,44 @@ void Time(const std::vector<int64_t>& sizes, GpuDtype dtype, const char* model, 
   auto copy = [&] {
     CHECK_CUDA(cudaMemcpyAsync(copy_destination, copy_source, list.bytes, cudaMemcpyDeviceToDevice));
   };
+  // The same three stream operations (flag set, table copy, launch) for a 1-element list: what
+  // a call costs whatever the list, which a single device copy does not pay.
+  DeviceList one_element({1}, dtype);
+  FillRandomFinite(one_element, {1}, dtype);
+  auto floor = [&] {
+    const int error = tf_amp::LaunchUnscaleAndCheckFinite(
+        one_element.pinned_table, one_element.device_table, 1, one_element.chunks, scale, flag,
+        nullptr);
+    if (error != 0) { std::fprintf(stderr, "launch failed: %d\n", error); std::exit(2); }
+  };
   kernel();
   copy();
+  floor();
   CHECK_CUDA(cudaDeviceSynchronize());
-  // Interleaved repeats: the kernel and the copy see the same clocks and neighbours.
-  std::vector<float> kernel_ms, copy_ms;
+  // Interleaved repeats: the kernel, the copy and the floor see the same clocks and neighbours.
+  std::vector<float> kernel_ms, copy_ms, floor_ms;
   for (int repeat = 0; repeat < 7; ++repeat) {
     kernel_ms.push_back(mean_ms(kernel));
     copy_ms.push_back(mean_ms(copy));
+    floor_ms.push_back(mean_ms(floor));
   }
+  kernel();  // the flag read below is the whole list's
   std::sort(kernel_ms.begin(), kernel_ms.end());
   std::sort(copy_ms.begin(), copy_ms.end());
+  std::sort(floor_ms.begin(), floor_ms.end());
   const float kernel_median = kernel_ms[kernel_ms.size() / 2];
   const float copy_median = copy_ms[copy_ms.size() / 2];
+  const float floor_median = floor_ms[floor_ms.size() / 2];
   bool host_flag = false;
   CHECK_CUDA(cudaMemcpy(&host_flag, flag, 1, cudaMemcpyDeviceToHost));
   const double gb = 2.0 * list.bytes / 1e9;  // read + write
   std::printf("timing %-9s %-8s %4zu tensors %8.1f MB: kernel %.3f ms [%.3f-%.3f] (%.0f GB/s), "
-              "d2d copy %.3f ms [%.3f-%.3f] (%.0f GB/s), kernel/copy %.2fx%s\n",
+              "d2d copy %.3f ms [%.3f-%.3f] (%.0f GB/s), kernel/copy %.2fx; per-call floor "
+              "(1-element list) %.3f ms, (kernel - floor)/copy %.2fx%s\n",
               model, name, sizes.size(), list.bytes / 1e6, kernel_median, kernel_ms.front(),
               kernel_ms.back(), gb / kernel_median * 1e3, copy_median, copy_ms.front(),
-              copy_ms.back(), gb / copy_median * 1e3, kernel_median / copy_median,
+              copy_ms.back(), gb / copy_median * 1e3, kernel_median / copy_median, floor_median,
+              (kernel_median - floor_median) / copy_median,
               host_flag ? "" : "  (FLAG WRONG: finite data flagged)");
   cudaFree(copy_destination);
   cudaFree(copy_source);
