@@ -226,6 +226,65 @@ def test_decorates_methods_with_one_cache_per_object() -> None:
     assert "MatMul" in half_ops_of_functions(a.__call__.concrete_functions())
 
 
+def _matmul_dtypes(graph_def: tf.compat.v1.GraphDef) -> set[tf.DType]:
+    """The ``T`` of every MatMul in a graph and its function library."""
+    nodes = list(graph_def.node)
+    for function in graph_def.library.function:
+        nodes.extend(function.node_def)
+    return {tf.as_dtype(n.attr["T"].type) for n in nodes if n.op == "MatMul"}
+
+
+class _Dense(tf.Module):
+    def __init__(self) -> None:
+        self.w = tf.Variable(tf.ones((4, 4)))
+
+    @tf_amp.function
+    def __call__(self, t: tf.Tensor) -> tf.Tensor:
+        return tf.matmul(t, self.w)
+
+
+def test_a_module_exports_its_rewritten_method_as_float32(tmp_path) -> None:
+    """tf.saved_model.save exports only tf.function attributes; a tf_amp.function is one (it
+    used to be left out of the SavedModel without a word). Export holds the float32 trace, as
+    the environment's tf.function does: a rewrite is chosen for the hardware that runs it. The
+    object in hand still runs, and returns, the rewritten function."""
+    dense = _Dense()
+    out = dense(tf.ones((2, 4)))
+    assert isinstance(dense.__call__, tf.types.experimental.PolymorphicFunction)
+    tf.saved_model.save(dense, str(tmp_path / "model"))
+
+    loaded = tf.saved_model.load(str(tmp_path / "model"))
+    np.testing.assert_allclose(loaded(tf.ones((2, 4))).numpy(), out.numpy(), rtol=1e-3)
+    spec = tf.TensorSpec((2, 4), tf.float32)
+    exported = loaded.__call__.get_concrete_function(spec).graph.as_graph_def()
+    assert _matmul_dtypes(exported) == {tf.float32}
+    in_hand = dense.__call__.get_concrete_function(spec).graph.as_graph_def()
+    assert _matmul_dtypes(in_hand) == {tf.float16}
+    original = dense.__call__.get_original_concrete_function(spec).graph.as_graph_def()
+    assert _matmul_dtypes(original) == {tf.float32}
+    assert dense(tf.ones((2, 4))).dtype == tf.float32  # and calls still run the rewrite
+    assert len(dense.__call__.reports) == 1
+
+
+def test_a_methods_config_reaches_every_objects_bound_function() -> None:
+    """TensorFlow binds a tf.function method anew for each object, from the arguments it
+    keeps; tf_amp.function's own config has to follow."""
+
+    class Dense(tf.Module):
+        def __init__(self) -> None:
+            self.w = tf.Variable(tf.ones((4, 4)))
+
+        @tf_amp.function(config=RewriteConfig(target_dtype="bfloat16"))
+        def __call__(self, t: tf.Tensor) -> tf.Tensor:
+            return tf.matmul(t, self.w)
+
+    for dense in (Dense(), Dense()):
+        dense(tf.ones((1, 4)))
+        (rewritten,) = dense.__call__.concrete_functions()
+        assert _matmul_dtypes(rewritten.graph.as_graph_def()) == {tf.bfloat16}
+        assert dense.__call__.rewrite_config.target_dtype == "bfloat16"
+
+
 def test_checkpoints_are_interchangeable_with_float32(tmp_path) -> None:
     x, y = _data()
     amp_model, fp32_model = _cnn(0), _cnn(1)

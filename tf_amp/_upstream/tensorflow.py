@@ -10,7 +10,11 @@ Running rewritten graphs (``tf_amp.runtime``)
   * ``polymorphic_function`` -- TensorFlow's own ``tf.function`` implementation: the runtime
     traces through it rather than through the public name, which the environment activation
     points at tf_amp; ``polymorphic_function.Function`` is the class of ``tf.function``
-    objects, which :class:`tf_amp.runtime.function.AmpTfFunction` extends.
+    objects, which :class:`tf_amp.runtime.function.AmpTfFunction` extends. Its
+    ``AmpFunction`` (what ``tf_amp.function`` returns) overrides the method
+    ``_list_all_concrete_functions_for_serialization``, what ``tf.saved_model.save`` asks a
+    ``tf.function`` for: export gets the float32 traces while ``get_concrete_function`` returns
+    rewritten ones; no public hook says which concrete functions to export.
   * ``concrete_function.ConcreteFunction.from_func_graph`` -- wraps the rebuilt ``FuncGraph``
     as a callable concrete function with the original's calling convention; no public API
     builds a concrete function from a graph.

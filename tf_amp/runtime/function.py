@@ -33,6 +33,7 @@ from tf_amp.runtime import _graphdef
 from tf_amp.runtime._rebuild import rebuild_concrete_function
 
 __all__ = [
+    "AmpFunction",
     "AmpTfFunction",
     "Function",
     "as_amp_tf_function",
@@ -112,9 +113,15 @@ class Function:
             self._rewrite = _graphdef.default_rewrite(self._rewrite_config, self.reports)
         return self._rewrite
 
+    def _trace(self, *args: Any, **kwargs: Any) -> Any:
+        """TensorFlow's concrete function for these arguments. Called through the base class:
+        the traces may be owned by an :class:`AmpFunction`, whose own ``get_concrete_function``
+        returns the rewritten one (from here)."""
+        return upstream_tf.TfFunction.get_concrete_function(self._traced, *args, **kwargs)
+
     def get_concrete_function(self, *args: Any, **kwargs: Any) -> Any:
         """The rewritten concrete function for these arguments (traced and rebuilt once)."""
-        original = self._traced.get_concrete_function(*args, **kwargs)
+        original = self._trace(*args, **kwargs)
         key = id(original)
         cached = self._cache.get(key)
         if cached is not None and cached[0] is original:
@@ -148,7 +155,7 @@ class Function:
 
     def get_original_concrete_function(self, *args: Any, **kwargs: Any) -> Any:
         """The float32 concrete function ``tf.function`` traced (useful to compare)."""
-        return self._traced.get_concrete_function(*args, **kwargs)
+        return self._trace(*args, **kwargs)
 
     def experimental_get_tracing_count(self) -> int:
         return self._traced.experimental_get_tracing_count()
@@ -188,6 +195,10 @@ class Function:
         return dict(self._tf_function_kwargs)
 
 
+_CONFIG_KEY = "_tf_amp_config"  # an AmpFunction's RewriteConfig, in the object's __dict__
+_ENGINE_KEY = "_tf_amp_function"  # the Function that runs its traces' rewrites
+
+
 class AmpTfFunction(upstream_tf.TfFunction):
     """A genuine ``tf.function`` object whose calls run the mixed-precision rewrite.
 
@@ -200,10 +211,15 @@ class AmpTfFunction(upstream_tf.TfFunction):
     """
 
     def _amp(self) -> Function:
-        amp = self.__dict__.get("_tf_amp_function")
+        amp = self.__dict__.get(_ENGINE_KEY)
         if amp is None:
-            amp = Function(self._python_function, jit_compile=self._jit_compile, traced=self)
-            self.__dict__["_tf_amp_function"] = amp
+            amp = Function(
+                self._python_function,
+                rewrite_config=self.__dict__.get(_CONFIG_KEY),
+                jit_compile=self._jit_compile,
+                traced=self,
+            )
+            self.__dict__[_ENGINE_KEY] = amp
         return amp
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -216,6 +232,68 @@ class AmpTfFunction(upstream_tf.TfFunction):
     @property
     def reports(self) -> list[Any]:
         return self._amp().reports
+
+
+class _Export(threading.local):
+    """Whether this thread is inside a SavedModel export's request for concrete functions."""
+
+    active = False
+
+
+_export = _Export()
+
+
+class AmpFunction(AmpTfFunction):
+    """What ``tf_amp.function`` returns: a ``tf.function`` object whose calls and concrete
+    functions run the mixed-precision rewrite, with its own ``RewriteConfig``.
+
+    Why a ``tf.function`` subclass rather than a wrapper: ``tf.saved_model.save`` exports only
+    ``tf.function`` attributes, and a wrapper was left out of the SavedModel without a word.
+    Export gets the float32 traces, as for the environment's ``tf.function`` (and as a SavedModel
+    written under TensorFlow's own automatic mixed precision holds float32 graphs): a rewrite is
+    chosen for the hardware it runs on, which a SavedModel's reader may not share
+    (``tf-amp rewrite`` converts one for its target). ``get_concrete_function`` returns the
+    rewritten function, since calling it should run what calling this object runs;
+    ``get_original_concrete_function`` the float32 one.
+    """
+
+    def get_concrete_function(self, *args: Any, **kwargs: Any) -> Any:
+        """The rewritten concrete function for these arguments (float32 while exported)."""
+        if _export.active:
+            return self.get_original_concrete_function(*args, **kwargs)
+        return self._amp().get_concrete_function(*args, **kwargs)
+
+    def get_original_concrete_function(self, *args: Any, **kwargs: Any) -> Any:
+        """The float32 concrete function ``tf.function`` traced (useful to compare)."""
+        return upstream_tf.TfFunction.get_concrete_function(self, *args, **kwargs)
+
+    @property
+    def jit_compile(self) -> bool | None:
+        return self._jit_compile
+
+    @property
+    def rewrite_config(self) -> Any:
+        """The ``RewriteConfig`` given to ``tf_amp.function`` (None: read from the environment
+        when a trace is rewritten)."""
+        return self.__dict__.get(_CONFIG_KEY)
+
+    def _list_all_concrete_functions_for_serialization(self) -> list[Any]:
+        # What tf.saved_model.save asks a tf.function for (a private name: tf_amp._upstream's
+        # list says why); the base class gathers the signatures and calls
+        # get_concrete_function for each, which answers float32 while the flag is up.
+        previous, _export.active = _export.active, True
+        try:
+            return super()._list_all_concrete_functions_for_serialization()
+        finally:
+            _export.active = previous
+
+    def __get__(self, instance: Any, owner: Any = None) -> Any:
+        """A method's bound function (one per object, TensorFlow's own binding, which builds it
+        anew from the arguments ``tf.function`` keeps) gets this object's config too."""
+        bound = super().__get__(instance, owner)
+        if bound is not self and _CONFIG_KEY not in bound.__dict__:
+            bound.__dict__[_CONFIG_KEY] = self.__dict__.get(_CONFIG_KEY)
+        return bound
 
 
 def as_amp_tf_function(polymorphic: Any) -> AmpTfFunction:
@@ -285,7 +363,10 @@ def function(
     # that experimental_follow_type_hints is deprecated, for a user who never used it.
     tf_kwargs = {key: value for key, value in tf_kwargs.items() if value is not None}
 
-    def decorate(fn: Callable[..., Any]) -> Function:
-        return Function(fn, rewrite_config=config, jit_compile=jit_compile, **tf_kwargs)
+    def decorate(fn: Callable[..., Any]) -> AmpFunction:
+        traced = upstream_tf.tf_function(fn, jit_compile=jit_compile, **tf_kwargs)
+        amp = upstream_tf.retype_tf_function(traced, AmpFunction)
+        amp.__dict__[_CONFIG_KEY] = config
+        return amp
 
     return decorate if func is None else decorate(func)
