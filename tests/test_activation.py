@@ -105,6 +105,7 @@ def _patched_attributes() -> list[tuple[Any, str]]:
         (tf.compat.v1.train.Saver, "restore"),
         (keras.Model, "compile"),
         (keras.optimizers.Optimizer, "apply"),
+        (keras.optimizers.LossScaleOptimizer, "scale_loss"),
         (legacy_h5_format, "save_model_to_hdf5"),
     ]
 
@@ -202,6 +203,53 @@ def test_unmodified_custom_loop_scales_the_loss_and_skips_overflow() -> None:
         assert int(opt.iterations) == iterations
         assert float(after.scale) == float(state.scale) / 2
         assert int(after.skipped_steps) == int(state.skipped_steps) + 1
+
+
+def _loop_that_scales_its_own_loss(
+    wrap: Any, settings: Settings, steps: int = 20
+) -> tuple[list[np.ndarray], int, bool]:
+    """A custom loop that scales its loss itself (``scale_loss``, then the wrapper's ``apply``),
+    run under the activation: the weights, the inner optimizer's step count, and whether the
+    automatic custom-loop scale was ever made."""
+    with activation.activated(settings):
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential(
+            [keras.Input((16,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(1)]
+        )
+        inner = keras.optimizers.SGD(0.01)
+        opt = wrap(inner)
+        rng = np.random.default_rng(0)
+        x = rng.random((64, 16), dtype=np.float32)
+        y = rng.random((64, 1), dtype=np.float32)
+
+        @tf.function
+        def step() -> None:
+            with tf.GradientTape() as tape:
+                scaled = opt.scale_loss(tf.reduce_mean((model(x) - y) ** 2))
+            opt.apply(tape.gradient(scaled, model.trainable_variables), model.trainable_variables)
+
+        for _ in range(steps):
+            step()
+        made = auto_loss_scale._STATE["vars"] is not None  # noqa: SLF001
+        return [w.numpy() for w in model.weights], int(inner.iterations), made
+
+
+@pytest.mark.parametrize("wrapper", ["tf_amp", "keras"])
+def test_a_loss_the_script_scales_itself_is_not_scaled_again(wrapper: str) -> None:
+    """Scaled twice (2**15 x 2**15 overflows float16), a tf_amp wrapper skipped every step of
+    this loop: its scale stops at 1, and the automatic scale, whose flag its apply never takes,
+    stayed at 2**15. Keras's own wrapper fell to 0.5 and skipped 16 of 40. Now the loss a
+    wrapper scaled is left to it: the loop trains exactly as with loss scaling switched off."""
+    import tf_amp
+
+    wrap = {"tf_amp": tf_amp.LossScaleOptimizer, "keras": keras.optimizers.LossScaleOptimizer}
+    both = _loop_that_scales_its_own_loss(wrap[wrapper], Settings(True, True))
+    alone = _loop_that_scales_its_own_loss(wrap[wrapper], Settings(True, False))
+    weights, iterations, made = both
+    assert not made
+    assert iterations == alone[1] >= 18  # at most the wrapper's own first overflows skipped
+    for ours, theirs in zip(weights, alone[0], strict=True):
+        np.testing.assert_array_equal(ours, theirs)
 
 
 def _gradient_penalty_steps(steps: int = 2) -> tuple[list[np.ndarray], keras.optimizers.SGD]:

@@ -393,6 +393,12 @@ def test_mixed_float16_policy_cooperates_with_one_loss_scale() -> None:
     assert {"Conv2D", "MatMul"} <= half_ops_of_functions(functions["train"].concrete_functions())
 
 
+def _tf_keras_loss_scale_wrappers() -> tuple[type, type]:
+    from tf_keras.src.mixed_precision import loss_scale_optimizer
+
+    return loss_scale_optimizer.LossScaleOptimizerV3, loss_scale_optimizer.LossScaleOptimizer
+
+
 def test_env_activation_patches_tf_keras_and_restores_it_exactly() -> None:
     from tf_amp.runtime import activation
 
@@ -403,6 +409,8 @@ def test_env_activation_patches_tf_keras_and_restores_it_exactly() -> None:
         (tf_keras.Model, "make_predict_function"),
         (tf_keras.optimizers.Optimizer, "apply_gradients"),
         (tf_keras.optimizers.legacy.Optimizer, "apply_gradients"),
+        # tf_keras's own wrappers (current and legacy optimizers) mark the loss they scale
+        *((wrapper, "get_scaled_loss") for wrapper in _tf_keras_loss_scale_wrappers()),
     ]
     originals = [vars(owner)[name] for owner, name in owners]
     tf_amp.enable_mixed_precision_graph_rewrite(tf_keras.optimizers.SGD())  # "enable" holds too

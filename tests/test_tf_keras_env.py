@@ -144,6 +144,55 @@ def test_env_tf_keras_overflow_is_skipped_in_an_unmodified_loop(tmp_path: Path) 
     assert "auto loss scale: 16384.0 skipped: 1" in out
 
 
+SCALES_ITS_OWN_LOSS = textwrap.dedent(
+    """
+    import numpy as np, tensorflow as tf
+    import tf_amp
+    rng = np.random.default_rng(0)
+    x = tf.constant(rng.random((64, 16), dtype=np.float32))
+    y = tf.constant(rng.random((64, 1), dtype=np.float32))
+    for wrapper in ("tf_keras", "tf_amp"):
+        for kind in ("current", "legacy"):
+            tf.keras.utils.set_random_seed(0)
+            model = tf.keras.Sequential([tf.keras.layers.Dense(32, activation="relu",
+                                                               input_shape=(16,)),
+                                         tf.keras.layers.Dense(1)])
+            inner = (tf.keras.optimizers.legacy.SGD(0.01) if kind == "legacy"
+                     else tf.keras.optimizers.SGD(0.01))
+            opt = (tf.keras.mixed_precision.LossScaleOptimizer(inner) if wrapper == "tf_keras"
+                   else tf_amp.LossScaleOptimizer(inner))
+
+            @tf.function
+            def step():
+                with tf.GradientTape() as tape:
+                    loss = tf.reduce_mean((model(x) - y) ** 2)
+                    scaled = opt.get_scaled_loss(loss)
+                grads = opt.get_unscaled_gradients(
+                    tape.gradient(scaled, model.trainable_variables))
+                opt.apply_gradients(zip(grads, model.trainable_variables))
+                return loss
+
+            losses = [float(step()) for _ in range(20)]
+            print(f"{wrapper} {kind} iterations:", int(inner.iterations),
+                  "falls:", losses[-1] < 0.5 * losses[0])
+    """
+)
+
+
+def test_env_leaves_a_loss_the_script_scales_itself_to_its_wrapper(tmp_path: Path) -> None:
+    """tf_keras's own LossScaleOptimizer and tf_amp's, in a loop that scales its loss itself:
+    the environment's tape patch does not scale it again (the automatic scale is never made),
+    so the wrapper skips only its own first overflows, if any."""
+    script = tmp_path / "scales_itself.py"
+    script.write_text(SCALES_ITS_OWN_LOSS)
+    out = _run(script, tmp_path, {"TF_ENABLE_AUTO_MIXED_PRECISION": "1"})
+    assert "auto loss scale:" not in out
+    for wrapper in ("tf_keras", "tf_amp"):
+        for kind in ("current", "legacy"):
+            fields = _field(out, f"{wrapper} {kind} iterations").split()
+            assert int(fields[0]) >= 18 and fields[-1] == "True", out[-3000:]
+
+
 MIRRORED = textwrap.dedent(
     """
     import json, os

@@ -22,7 +22,7 @@ from tf_amp._upstream import tensorflow as upstream_tf
 from tf_amp._upstream import tf_keras as upstream
 from tf_amp.loss_scale import LossScaleState
 from tf_amp.ops import unscale_and_check_finite
-from tf_amp.optimizers import _apply_or_skip, _common, _summaries
+from tf_amp.optimizers import _apply_or_skip, _common, _scaled_losses, _summaries
 from tf_amp.optimizers._apply_or_skip import KeepWhole
 from tf_amp.optimizers._checkpoint_layout import StateTrackable
 from tf_amp.optimizers._host_floor_alarm import HostFloorAlarm
@@ -133,7 +133,7 @@ class TfKerasLossScaling(TfKerasScaleState, TfKerasConfig):
             return loss
         self._unscaled_marks.new_step()  # a new scaled loss: earlier unscales are not this step's
         state = LossScaleState(*(tf.convert_to_tensor(v) for v in self._state_vars))
-        return self._policy.scale(loss, state)
+        return _scaled_losses.mark(self._policy.scale(loss, state))
 
     def get_unscaled_gradients(self, grads: Sequence[Any]) -> list[Any]:
         """Divides gradients by the scale with the fused op; ``apply_gradients`` then only

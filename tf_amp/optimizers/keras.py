@@ -41,6 +41,7 @@ from tf_amp.optimizers import (
     _common,
     _keras_arguments,
     _keras_config,
+    _scaled_losses,
     _summaries,
 )
 from tf_amp.optimizers._checkpoint_layout import InnerCheckpointLayout
@@ -138,7 +139,7 @@ class KerasLossScaleOptimizer(
             return loss
         self._unscaled_marks.new_step()  # a new scaled loss: earlier unscales are not this step's
         state = self._state()
-        return self._policy.scale(loss, state)
+        return _scaled_losses.mark(self._policy.scale(loss, state))
 
     def get_scaled_loss(self, loss: Any) -> Any:
         """TF2 mixed-precision guide name for :meth:`scale_loss`."""

@@ -198,10 +198,14 @@ def _patch_keras(keras: Any) -> None:
         keras_fit.acquire_compile_patch(ACTIVATION)  # one patch, shared with enable_...
         if active.loss_scaling:
             from tf_amp._upstream import keras as upstream_keras
+            from tf_amp.optimizers import _scaled_losses
             from tf_amp.runtime import auto_loss_scale, auto_loss_scale_fit
 
             _state.set_compile_optimizer_wrapper(auto_loss_scale_fit.wrap_on_compile)
             _patch(keras.optimizers.Optimizer, "apply", auto_loss_scale.keras_apply_patch)
+            # Keras's own wrapper marks the loss it scales, so tape.gradient leaves it alone
+            # (tf_amp's wrappers mark theirs themselves).
+            _patch(keras.optimizers.LossScaleOptimizer, "scale_loss", _scaled_losses.marking_patch)
             _patch(upstream_keras.legacy_h5_format, "save_model_to_hdf5",
                    auto_loss_scale_fit.h5_save_patch)
 

@@ -16,10 +16,13 @@ An unmodified script does not call ``scale_loss``. Three shapes of script are co
   ``tf_amp.loss_scale``'s dynamic policy, through the same code as ``tf_amp.LossScaleOptimizer``.
   A skipped step changes no weight, slot or ``iterations``.
 
-  Not scaled: a ``gradient`` call that a tape records (an outer tape still open, or a persistent
-  tape called inside its own ``with``). Its result may be differentiated again (gradient
-  penalty, WGAN-GP, Hessian-vector products) and the fused unscale op has no gradient; such a
-  call is computed exactly as without tf_amp. The outermost ``gradient`` call is the scaled one.
+  Not scaled: the loss a loss-scale wrapper scaled (``scale_loss`` / ``get_scaled_loss`` of
+  tf_amp's, Keras 3's or tf_keras's wrapper): the script scales already, and that wrapper's
+  ``apply`` unscales and skips. Also not scaled: a ``gradient`` call that a tape records (an
+  outer tape still open, or a persistent tape called inside its own ``with``). Its result may
+  be differentiated again (gradient penalty, WGAN-GP, Hessian-vector products) and the fused
+  unscale op has no gradient; such a call is computed exactly as without tf_amp. The
+  outermost ``gradient`` call is the scaled one.
 
   Finite flags: each scaled call leaves one, per graph (held weakly: it goes with its graph). An
   ``apply`` takes the flags of the calls that returned the gradients it is given (the latest
@@ -58,6 +61,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from tf_amp._say_once import say_once
 from tf_amp._upstream import tensorflow as upstream_tf
 
 _LOG = logging.getLogger("tf_amp")
@@ -212,6 +216,7 @@ def gradient_patch(
             not is_user_caller()
             or not _is_float_scalar(target)
             or _recorded_by_a_tape(self)
+            or _scaled_by_a_wrapper(target)
         ):
             return original(self, target, sources, output_gradients, unconnected_gradients)
         scale = current_state().scale
@@ -231,6 +236,23 @@ def gradient_patch(
 
     gradient.__wrapped__ = original  # type: ignore[attr-defined]
     return gradient
+
+
+def _scaled_by_a_wrapper(target: Any) -> bool:
+    """True for a loss a loss-scale wrapper's ``scale_loss`` / ``get_scaled_loss`` returned:
+    its gradients are that wrapper's to unscale, and scaling them again would multiply the two
+    scales (``tf_amp.optimizers._scaled_losses`` says what went wrong when they were)."""
+    from tf_amp.optimizers import _scaled_losses
+
+    if not _scaled_losses.is_marked(target):
+        return False
+    say_once(
+        "auto loss scale: scaled by a wrapper",
+        logging.INFO,
+        "a loss scaled by a loss-scale optimizer is left to it: the automatic loss "
+        "scaling of custom loops does not scale its gradients again",
+    )
+    return True
 
 
 def _is_float_scalar(target: Any) -> bool:

@@ -14,6 +14,8 @@ tf_keras is imported (or at once if it already is); these patches mirror the Ker
   user code is scaled and unscaled by TensorFlow's patch (:mod:`tf_amp.runtime.auto_loss_scale`),
   and ``apply_gradients`` of every tf_keras optimizer (current and legacy) applies those
   gradients only when they are finite, moving the same process-wide scale as Keras 3's loops.
+  tf_keras's own ``LossScaleOptimizer.get_scaled_loss`` marks the loss it scales, which that
+  patch then leaves alone (:mod:`tf_amp.optimizers._scaled_losses`).
 
 All patches are held in the one registry (:mod:`tf_amp.runtime._patches`) under the
 environment's tf_keras holder (``tf_keras_fit.HOLDERS["env"]``); :func:`deactivate` restores
@@ -43,6 +45,12 @@ def activate(*, graph_rewrite: bool, loss_scaling: bool) -> None:
         tf_keras_fit.acquire(TAG, model, "compile", compile_patch)
         for base in upstream.optimizer_bases():
             tf_keras_fit.acquire(TAG, base, "apply_gradients", apply_gradients_patch)
+        # tf_keras's own wrappers mark the loss they scale, so tape.gradient leaves it alone.
+        from tf_amp.optimizers import _scaled_losses
+
+        _, current, legacy = upstream.loss_scale_optimizer_classes()
+        for wrapper in (current, legacy):
+            tf_keras_fit.acquire(TAG, wrapper, "get_scaled_loss", _scaled_losses.marking_patch)
 
 
 def deactivate() -> None:

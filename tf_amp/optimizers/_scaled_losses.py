@@ -1,0 +1,56 @@
+"""Losses a loss-scale wrapper scaled, so that nothing scales their gradients a second time.
+
+Under ``TF_ENABLE_AUTO_MIXED_PRECISION`` a custom loop's ``tape.gradient`` is loss-scaled for
+the user (:mod:`tf_amp.runtime.auto_loss_scale`). A script that already scales its loss with a
+wrapper (tf_amp's, Keras 3's or tf_keras's ``scale_loss`` / ``get_scaled_loss``) must not get
+that too: the two scales multiply (2**15 x 2**15 overflows float16 on every step), and the
+wrapper's ``apply`` never hands the automatic scale the flag that would lower it, so a tf_amp
+wrapper, whose scale stops at 1, skipped every step of such a loop. Each wrapper marks the
+scaled loss it returns; the automatic path leaves a marked loss to its wrapper.
+
+Marks hold weak references only, keyed by ``id``: a tensor cannot be hashed, and a mark must
+keep no tensor or graph alive. A live referent is a live object, so its id names it alone.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+_MARKED: dict[int, weakref.ref] = {}
+
+
+def mark(scaled_loss: Any) -> Any:
+    """Records ``scaled_loss`` as scaled by a wrapper; returns it."""
+    key = id(scaled_loss)
+
+    def forget(ref: weakref.ref) -> None:
+        # Runs when the tensor goes, possibly inside any other code: no lock, and only this
+        # tensor's own entry (its id may be taken by a newer mark already).
+        if _MARKED.get(key) is ref:
+            _MARKED.pop(key, None)
+
+    _MARKED[key] = weakref.ref(scaled_loss, forget)
+    return scaled_loss
+
+
+def is_marked(target: Any) -> bool:
+    """True when ``target`` is a loss a wrapper scaled (the very object it returned)."""
+    ref = _MARKED.get(id(target))
+    return ref is not None and ref() is target
+
+
+def marking_patch(original: Callable[..., Any]) -> Callable[..., Any]:
+    """A wrapper's own ``scale_loss`` / ``get_scaled_loss`` (Keras 3's, tf_keras's) that marks
+    what it returns; a callable loss gives a callable whose results are marked."""
+
+    def scale(self: Any, loss: Any) -> Any:
+        scaled = original(self, loss)
+        if callable(scaled):
+            return lambda: mark(scaled())
+        return scaled if scaled is loss else mark(scaled)
+
+    scale.__wrapped__ = original  # type: ignore[attr-defined]
+    scale.__doc__ = original.__doc__
+    return scale
