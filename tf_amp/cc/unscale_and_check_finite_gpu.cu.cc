@@ -174,6 +174,8 @@ int CachedBlockLimit() {
 }  // namespace
 
 int GpuLaunchBlocks() { return CachedBlockLimit(); }
+int GpuThreadsPerBlock() { return kThreadsPerBlock; }
+int GpuWordsInFlight() { return kWordsInFlight; }
 
 int64_t PlanGpuTable(GpuTensorEntry* host_table, int num_tensors) {
   int64_t chunks = 0;

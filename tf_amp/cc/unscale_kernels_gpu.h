@@ -46,6 +46,11 @@ inline int64_t GpuChunkCount(int64_t n) { return (n + kGpuChunkElements - 1) / k
 // sizes a tensor from it so that its check covers that loop).
 int GpuLaunchBlocks();
 
+// The launch shape the kernel was compiled with (threads per block, 16-byte words each thread
+// keeps in flight): the harness places its injected inf/nan in every word a thread holds.
+int GpuThreadsPerBlock();
+int GpuWordsInFlight();
+
 // Fills the host table's first_chunk and vectorized fields; returns the total chunk count.
 int64_t PlanGpuTable(GpuTensorEntry* host_table, int num_tensors);
 

@@ -252,16 +252,22 @@ int CheckCorrectness(const std::vector<int64_t>& sizes, GpuDtype dtype, const ch
       for (int64_t i : {int64_t(0), sizes[t] / 2, sizes[t] - 1}) detects(special, t, i);
     }
   }
-  // In the last tensor (the long one), lane 1 of words 3 + 256 j, j < 8: each of the words a
-  // thread keeps in flight (threads 3 and 259 of 512, word k at 512 k; thread 3 of 256, word k
-  // at 256 k), in the tensor's first chunk, a chunk that some block reaches on its second turn
-  // of the grid-stride loop, and the last full one.
+  // In the last tensor (the long one), lane 1 of every word k a thread keeps in flight (word
+  // t + k x threads of a pass), for thread 3 and the last thread, in the first pass and (for
+  // thread 3) the second pass over a chunk; in the tensor's first chunk, a chunk that some
+  // block reaches on its second turn of the grid-stride loop, and the last full one.
   const size_t last = sizes.size() - 1;
   const int64_t lanes = int64_t(16 / width);
+  const int64_t threads = tf_amp::GpuThreadsPerBlock();
+  const int64_t in_flight = tf_amp::GpuWordsInFlight();
+  std::vector<int64_t> words;
+  for (int64_t k = 0; k < in_flight; ++k) {
+    words.insert(words.end(), {3 + k * threads, threads - 1 + k * threads,
+                               3 + (in_flight + k) * threads});
+  }
   const int64_t last_chunks = tf_amp::GpuChunkCount(sizes[last]);
   for (int64_t chunk : {int64_t(0), int64_t(tf_amp::GpuLaunchBlocks()), last_chunks - 2}) {
-    for (int64_t j = 0; j < 8; ++j) {
-      const int64_t word = 3 + 256 * j;
+    for (int64_t word : words) {
       const int64_t i = chunk * tf_amp::kGpuChunkElements + word * lanes + 1;
       if (chunk >= 0 && word * lanes < tf_amp::kGpuChunkElements && i < sizes[last]) {
         detects(INFINITY, last, i);
