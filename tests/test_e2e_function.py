@@ -285,6 +285,73 @@ def test_a_methods_config_reaches_every_objects_bound_function() -> None:
         assert dense.__call__.rewrite_config.target_dtype == "bfloat16"
 
 
+def test_strategy_run_runs_the_rewrite() -> None:
+    """strategy.run copies a tf.function (``_clone``) to trace it in the replica context; the
+    copy is a tf_amp function too (a plain copy ran float32 without a word), and its rewrite
+    is reported on the function the user holds."""
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    with strategy.scope():
+        dense = _Dense()
+
+    @tf_amp.function
+    def replica_step(t: tf.Tensor) -> tf.Tensor:
+        return tf.matmul(t, dense.w)
+
+    @tf.function
+    def step(t: tf.Tensor) -> tf.Tensor:
+        return strategy.run(replica_step, args=(t,))
+
+    out = step(tf.ones((2, 4)))
+    np.testing.assert_allclose(out.numpy(), 4.0)
+    assert replica_step.reports and replica_step.reports[0].type_attrs_converted > 0
+
+
+def test_a_nested_function_is_exported_float32_and_still_runs_rewritten(tmp_path) -> None:
+    """A tf_amp function called inside another one's trace is traced float32 into it (the
+    outer rewrite covers it): the outer's float32 trace, and so the SavedModel, hold no
+    float16 op, while the call in hand runs the rewritten graph."""
+    inner = _Dense()
+
+    class Outer(tf.Module):
+        def __init__(self) -> None:
+            self.inner = inner
+
+        @tf_amp.function
+        def __call__(self, t: tf.Tensor) -> tf.Tensor:
+            return self.inner(t) + 1.0
+
+    outer = Outer()
+    spec = tf.TensorSpec((2, 4), tf.float32)
+    out = outer(tf.ones((2, 4)))
+    original = outer.__call__.get_original_concrete_function(spec).graph.as_graph_def()
+    assert _matmul_dtypes(original) == {tf.float32}
+    in_hand = outer.__call__.get_concrete_function(spec).graph.as_graph_def()
+    assert _matmul_dtypes(in_hand) == {tf.float16}
+    tf.saved_model.save(outer, str(tmp_path / "model"))
+    loaded = tf.saved_model.load(str(tmp_path / "model"))
+    exported = loaded.__call__.get_concrete_function(spec).graph.as_graph_def()
+    assert _matmul_dtypes(exported) == {tf.float32}
+    np.testing.assert_allclose(loaded(tf.ones((2, 4))).numpy(), out.numpy(), rtol=1e-3)
+
+
+def test_run_functions_eagerly_runs_the_python_body() -> None:
+    """``tf.config.run_functions_eagerly(True)`` (debugging) runs the body eagerly, as for
+    tf.function: nothing is traced, so nothing is rewritten."""
+    traced = []
+
+    @tf_amp.function
+    def body(t: tf.Tensor) -> tf.Tensor:
+        traced.append(tf.executing_eagerly())
+        return t * 2.0
+
+    tf.config.run_functions_eagerly(True)
+    try:
+        assert float(body(tf.constant(1.0))) == 2.0
+    finally:
+        tf.config.run_functions_eagerly(False)
+    assert traced == [True] and not body.reports
+
+
 def test_checkpoints_are_interchangeable_with_float32(tmp_path) -> None:
     x, y = _data()
     amp_model, fp32_model = _cnn(0), _cnn(1)

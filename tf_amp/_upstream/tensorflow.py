@@ -14,7 +14,10 @@ Running rewritten graphs (``tf_amp.runtime``)
     ``AmpFunction`` (what ``tf_amp.function`` returns) overrides the method
     ``_list_all_concrete_functions_for_serialization``, what ``tf.saved_model.save`` asks a
     ``tf.function`` for: export gets the float32 traces while ``get_concrete_function`` returns
-    rewritten ones; no public hook says which concrete functions to export.
+    rewritten ones; no public hook says which concrete functions to export. ``AmpTfFunction``
+    overrides ``_clone``, with which ``strategy.run`` copies a ``tf.function`` to trace it in
+    the replica context: TensorFlow's own builds a plain ``tf.function``, which would run
+    float32.
   * ``concrete_function.ConcreteFunction.from_func_graph`` -- wraps the rebuilt ``FuncGraph``
     as a callable concrete function with the original's calling convention; no public API
     builds a concrete function from a graph.

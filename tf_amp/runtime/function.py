@@ -43,6 +43,29 @@ __all__ = [
 ]
 
 
+class _ThreadFlags(threading.local):
+    """What this thread is doing with tf_amp's functions (read by :class:`AmpTfFunction`)."""
+
+    tracing = 0  # traces of tf_amp functions under way (nested calls trace float32 inside)
+    exporting = False  # inside a SavedModel export's request for concrete functions
+
+
+_flags = _ThreadFlags()
+
+
+def _float32_trace(traced: Any, *args: Any, **kwargs: Any) -> Any:
+    """TensorFlow's own concrete function of the ``tf.function`` object ``traced`` (through the
+    base class: an :class:`AmpFunction`'s own ``get_concrete_function`` returns the rewritten
+    one). While it traces, a tf_amp function the body calls is traced float32 into this graph
+    (:meth:`AmpTfFunction.__call__`): the trace stays float32 throughout, for export, and its
+    one rewrite paints across the call."""
+    _flags.tracing += 1
+    try:
+        return upstream_tf.TfFunction.get_concrete_function(traced, *args, **kwargs)
+    finally:
+        _flags.tracing -= 1
+
+
 def _unchanged_report(config: Any, graph: Any) -> Any:
     """The report of a trace left as traced, saying why (the target, or opt level O0); the
     choice is said in the log once, as every other way in says it."""
@@ -114,10 +137,8 @@ class Function:
         return self._rewrite
 
     def _trace(self, *args: Any, **kwargs: Any) -> Any:
-        """TensorFlow's concrete function for these arguments. Called through the base class:
-        the traces may be owned by an :class:`AmpFunction`, whose own ``get_concrete_function``
-        returns the rewritten one (from here)."""
-        return upstream_tf.TfFunction.get_concrete_function(self._traced, *args, **kwargs)
+        """TensorFlow's float32 concrete function for these arguments."""
+        return _float32_trace(self._traced, *args, **kwargs)
 
     def get_concrete_function(self, *args: Any, **kwargs: Any) -> Any:
         """The rewritten concrete function for these arguments (traced and rebuilt once)."""
@@ -213,17 +234,33 @@ class AmpTfFunction(upstream_tf.TfFunction):
     def _amp(self) -> Function:
         amp = self.__dict__.get(_ENGINE_KEY)
         if amp is None:
-            amp = Function(
+            engine = Function(
                 self._python_function,
                 rewrite_config=self.__dict__.get(_CONFIG_KEY),
                 jit_compile=self._jit_compile,
                 traced=self,
             )
-            self.__dict__[_ENGINE_KEY] = amp
+            # setdefault: two threads calling first both get the one engine (and its cache).
+            amp = self.__dict__.setdefault(_ENGINE_KEY, engine)
         return amp
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Runs the rewritten function; plain ``tf.function`` behaviour inside another tf_amp
+        function's trace (whose rewrite covers this call) and under
+        ``tf.config.run_functions_eagerly(True)`` (nothing is traced to rewrite)."""
+        if _flags.tracing or tf.config.functions_run_eagerly():
+            return super().__call__(*args, **kwargs)
         return self._amp()(*args, **kwargs)
+
+    def _clone(self, python_function: Any) -> Any:
+        """TensorFlow's copy of this function (``strategy.run`` makes one per call to trace
+        in the replica context), of this class and with this config: a plain copy would run
+        float32 without a word."""
+        clone = upstream_tf.retype_tf_function(super()._clone(python_function), type(self))
+        if _CONFIG_KEY in self.__dict__:
+            clone.__dict__[_CONFIG_KEY] = self.__dict__[_CONFIG_KEY]
+        clone._amp().reports = self._amp().reports  # the clone's rewrites are reported here
+        return clone
 
     def concrete_functions(self) -> list[Any]:
         """The rewritten concrete functions built so far."""
@@ -232,15 +269,6 @@ class AmpTfFunction(upstream_tf.TfFunction):
     @property
     def reports(self) -> list[Any]:
         return self._amp().reports
-
-
-class _Export(threading.local):
-    """Whether this thread is inside a SavedModel export's request for concrete functions."""
-
-    active = False
-
-
-_export = _Export()
 
 
 class AmpFunction(AmpTfFunction):
@@ -259,13 +287,13 @@ class AmpFunction(AmpTfFunction):
 
     def get_concrete_function(self, *args: Any, **kwargs: Any) -> Any:
         """The rewritten concrete function for these arguments (float32 while exported)."""
-        if _export.active:
+        if _flags.exporting:
             return self.get_original_concrete_function(*args, **kwargs)
         return self._amp().get_concrete_function(*args, **kwargs)
 
     def get_original_concrete_function(self, *args: Any, **kwargs: Any) -> Any:
         """The float32 concrete function ``tf.function`` traced (useful to compare)."""
-        return upstream_tf.TfFunction.get_concrete_function(self, *args, **kwargs)
+        return _float32_trace(self, *args, **kwargs)
 
     @property
     def jit_compile(self) -> bool | None:
@@ -281,11 +309,11 @@ class AmpFunction(AmpTfFunction):
         # What tf.saved_model.save asks a tf.function for (a private name: tf_amp._upstream's
         # list says why); the base class gathers the signatures and calls
         # get_concrete_function for each, which answers float32 while the flag is up.
-        previous, _export.active = _export.active, True
+        previous, _flags.exporting = _flags.exporting, True
         try:
             return super()._list_all_concrete_functions_for_serialization()
         finally:
-            _export.active = previous
+            _flags.exporting = previous
 
     def __get__(self, instance: Any, owner: Any = None) -> Any:
         """A method's bound function (one per object, TensorFlow's own binding, which builds it
