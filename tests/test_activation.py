@@ -106,6 +106,7 @@ def _patched_attributes() -> list[tuple[Any, str]]:
         (keras.Model, "compile"),
         (keras.optimizers.Optimizer, "apply"),
         (keras.optimizers.LossScaleOptimizer, "scale_loss"),
+        (keras.optimizers.Optimizer, "scale_loss"),
         (legacy_h5_format, "save_model_to_hdf5"),
     ]
 
@@ -206,18 +207,26 @@ def test_unmodified_custom_loop_scales_the_loss_and_skips_overflow() -> None:
 
 
 def _loop_that_scales_its_own_loss(
-    wrap: Any, settings: Settings, steps: int = 20
+    scaling: str, settings: Settings, steps: int = 20
 ) -> tuple[list[np.ndarray], int, bool]:
-    """A custom loop that scales its loss itself (``scale_loss``, then the wrapper's ``apply``),
-    run under the activation: the weights, the inner optimizer's step count, and whether the
-    automatic custom-loop scale was ever made."""
+    """A custom loop that scales its loss itself (``scale_loss``, then the optimizer's
+    ``apply``), run under the activation: the weights, the inner optimizer's step count, and
+    whether the automatic custom-loop scale was ever made. ``scaling``: ``tf_amp`` or
+    ``keras`` (their ``LossScaleOptimizer``), ``keras_per_example`` (Keras's, the mean taken
+    after scaling each example's loss), ``factor`` (a plain optimizer's ``loss_scale_factor``)."""
+    import tf_amp
+
     with activation.activated(settings):
         keras.utils.set_random_seed(0)
         model = keras.Sequential(
             [keras.Input((16,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(1)]
         )
-        inner = keras.optimizers.SGD(0.01)
-        opt = wrap(inner)
+        if scaling == "factor":
+            inner = opt = keras.optimizers.SGD(0.01, loss_scale_factor=1024.0)
+        else:
+            inner = keras.optimizers.SGD(0.01)
+            opt = (tf_amp.LossScaleOptimizer if scaling == "tf_amp" else
+                   keras.optimizers.LossScaleOptimizer)(inner)
         rng = np.random.default_rng(0)
         x = rng.random((64, 16), dtype=np.float32)
         y = rng.random((64, 1), dtype=np.float32)
@@ -225,7 +234,11 @@ def _loop_that_scales_its_own_loss(
         @tf.function
         def step() -> None:
             with tf.GradientTape() as tape:
-                scaled = opt.scale_loss(tf.reduce_mean((model(x) - y) ** 2))
+                per_example = tf.reduce_mean((model(x) - y) ** 2, axis=1)
+                if scaling == "keras_per_example":
+                    scaled = tf.reduce_mean(opt.scale_loss(per_example))
+                else:
+                    scaled = opt.scale_loss(tf.reduce_mean(per_example))
             opt.apply(tape.gradient(scaled, model.trainable_variables), model.trainable_variables)
 
         for _ in range(steps):
@@ -234,17 +247,16 @@ def _loop_that_scales_its_own_loss(
         return [w.numpy() for w in model.weights], int(inner.iterations), made
 
 
-@pytest.mark.parametrize("wrapper", ["tf_amp", "keras"])
-def test_a_loss_the_script_scales_itself_is_not_scaled_again(wrapper: str) -> None:
+@pytest.mark.parametrize("scaling", ["tf_amp", "keras", "keras_per_example", "factor"])
+def test_a_loss_the_script_scales_itself_is_not_scaled_again(scaling: str) -> None:
     """Scaled twice (2**15 x 2**15 overflows float16), a tf_amp wrapper skipped every step of
     this loop: its scale stops at 1, and the automatic scale, whose flag its apply never takes,
-    stayed at 2**15. Keras's own wrapper fell to 0.5 and skipped 16 of 40. Now the loss a
-    wrapper scaled is left to it: the loop trains exactly as with loss scaling switched off."""
-    import tf_amp
-
-    wrap = {"tf_amp": tf_amp.LossScaleOptimizer, "keras": keras.optimizers.LossScaleOptimizer}
-    both = _loop_that_scales_its_own_loss(wrap[wrapper], Settings(True, True))
-    alone = _loop_that_scales_its_own_loss(wrap[wrapper], Settings(True, False))
+    stayed at 2**15. Keras's own wrapper fell to 0.5 and skipped 16 of 40; a plain optimizer
+    with ``loss_scale_factor`` skipped 11 of 20. Now a loss scaled by the script's optimizer,
+    or computed from one, is left to it: the loop trains exactly as with the environment's
+    loss scaling switched off."""
+    both = _loop_that_scales_its_own_loss(scaling, Settings(True, True))
+    alone = _loop_that_scales_its_own_loss(scaling, Settings(True, False))
     weights, iterations, made = both
     assert not made
     assert iterations == alone[1] >= 18  # at most the wrapper's own first overflows skipped

@@ -40,6 +40,8 @@ def _activation_keys() -> set[tuple[Any, str]]:
         (tf.compat.v1.train.Saver, "restore"),
         (upstream_keras.Trainer, "compile"),
         (keras.optimizers.Optimizer, "apply"),
+        (keras.optimizers.Optimizer, "scale_loss"),
+        (keras.optimizers.LossScaleOptimizer, "scale_loss"),
         (upstream_keras.legacy_h5_format, "save_model_to_hdf5"),
     }
 
@@ -54,7 +56,12 @@ def _tf_keras_activation_keys() -> set[tuple[Any, str]]:
     model = upstream_tf_keras.model_class()
     keys = {(model, name) for name in
             ("make_train_function", "make_test_function", "make_predict_function", "compile")}
-    return keys | {(base, "apply_gradients") for base in upstream_tf_keras.optimizer_bases()}
+    _, current, legacy = upstream_tf_keras.loss_scale_optimizer_classes()
+    return (
+        keys
+        | {(base, "apply_gradients") for base in upstream_tf_keras.optimizer_bases()}
+        | {(wrapper, "get_scaled_loss") for wrapper in (current, legacy)}
+    )
 
 
 def _enable_keys() -> set[tuple[Any, str]]:

@@ -10,6 +10,11 @@ scaled loss it returns; the automatic path leaves a marked loss to its wrapper.
 
 Marks hold weak references only, keyed by ``id``: a tensor cannot be hashed, and a mark must
 keep no tensor or graph alive. A live referent is a live object, so its id names it alone.
+
+A loss computed from a scaled one (``tf.reduce_mean(opt.scale_loss(per_example))``) is scaled
+too. Inside a graph (a ``tf.function`` step) the ops that computed the target are walked back
+to a marked tensor, only in a graph that holds a mark, so other scripts pay nothing. Eagerly
+there is no record of how a tensor was computed: only the wrapper's own result is recognised.
 """
 
 from __future__ import annotations
@@ -19,11 +24,15 @@ from collections.abc import Callable
 from typing import Any
 
 _MARKED: dict[int, weakref.ref] = {}
+_GRAPHS_WITH_MARKS: weakref.WeakSet = weakref.WeakSet()
 
 
 def mark(scaled_loss: Any) -> Any:
     """Records ``scaled_loss`` as scaled by a wrapper; returns it."""
     key = id(scaled_loss)
+    graph = _graph_of(scaled_loss)
+    if graph is not None:
+        _GRAPHS_WITH_MARKS.add(graph)
 
     def forget(ref: weakref.ref) -> None:
         # Runs when the tensor goes, possibly inside any other code: no lock, and only this
@@ -35,10 +44,35 @@ def mark(scaled_loss: Any) -> Any:
     return scaled_loss
 
 
+def _is_marked_itself(tensor: Any) -> bool:
+    ref = _MARKED.get(id(tensor))
+    return ref is not None and ref() is tensor
+
+
+def _graph_of(tensor: Any) -> Any:
+    """The graph a symbolic tensor belongs to; None for an eager tensor or a non-tensor."""
+    graph = getattr(tensor, "graph", None)
+    return None if graph is None or getattr(tensor, "op", None) is None else graph
+
+
 def is_marked(target: Any) -> bool:
-    """True when ``target`` is a loss a wrapper scaled (the very object it returned)."""
-    ref = _MARKED.get(id(target))
-    return ref is not None and ref() is target
+    """True when ``target`` is a loss a wrapper scaled, or (in a graph) was computed from one."""
+    if _is_marked_itself(target):
+        return True
+    graph = _graph_of(target)
+    if graph is None or graph not in _GRAPHS_WITH_MARKS:
+        return False
+    seen = {id(target.op)}
+    pending = [target.op]
+    while pending:
+        for tensor in pending.pop().inputs:
+            if _is_marked_itself(tensor):
+                return True
+            op = tensor.op
+            if id(op) not in seen and op.graph is graph:
+                seen.add(id(op))
+                pending.append(op)
+    return False
 
 
 def marking_patch(original: Callable[..., Any]) -> Callable[..., Any]:

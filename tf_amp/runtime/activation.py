@@ -203,9 +203,11 @@ def _patch_keras(keras: Any) -> None:
 
             _state.set_compile_optimizer_wrapper(auto_loss_scale_fit.wrap_on_compile)
             _patch(keras.optimizers.Optimizer, "apply", auto_loss_scale.keras_apply_patch)
-            # Keras's own wrapper marks the loss it scales, so tape.gradient leaves it alone
-            # (tf_amp's wrappers mark theirs themselves).
+            # Keras's own scaling marks the loss it scales, so tape.gradient leaves it alone:
+            # its wrapper's, and any optimizer's loss_scale_factor (tf_amp's wrappers mark
+            # theirs themselves).
             _patch(keras.optimizers.LossScaleOptimizer, "scale_loss", _scaled_losses.marking_patch)
+            _patch(keras.optimizers.Optimizer, "scale_loss", _scaled_losses.marking_patch)
             _patch(upstream_keras.legacy_h5_format, "save_model_to_hdf5",
                    auto_loss_scale_fit.h5_save_patch)
 
