@@ -210,22 +210,6 @@ def test_keep_float32_block_stays_float32() -> None:
     np.testing.assert_allclose(out.numpy(), 16.0)
 
 
-def test_decorates_methods_with_one_cache_per_object() -> None:
-    class Dense(tf.Module):
-        def __init__(self) -> None:
-            self.w = tf.Variable(tf.ones((4, 4)))
-
-        @tf_amp.function
-        def __call__(self, t: tf.Tensor) -> tf.Tensor:
-            return tf.matmul(t, self.w)
-
-    a, b = Dense(), Dense()
-    b.w.assign(2 * tf.ones((4, 4)))
-    assert float(tf.reduce_sum(a(tf.ones((1, 4))))) == 16.0
-    assert float(tf.reduce_sum(b(tf.ones((1, 4))))) == 32.0
-    assert "MatMul" in half_ops_of_functions(a.__call__.concrete_functions())
-
-
 def _matmul_dtypes(graph_def: tf.compat.v1.GraphDef) -> set[tf.DType]:
     """The ``T`` of every MatMul in a graph and its function library."""
     nodes = list(graph_def.node)
@@ -241,6 +225,14 @@ class _Dense(tf.Module):
     @tf_amp.function
     def __call__(self, t: tf.Tensor) -> tf.Tensor:
         return tf.matmul(t, self.w)
+
+
+def test_decorates_methods_with_one_cache_per_object() -> None:
+    a, b = _Dense(), _Dense()
+    b.w.assign(2 * tf.ones((4, 4)))
+    assert float(tf.reduce_sum(a(tf.ones((1, 4))))) == 16.0
+    assert float(tf.reduce_sum(b(tf.ones((1, 4))))) == 32.0
+    assert "MatMul" in half_ops_of_functions(a.__call__.concrete_functions())
 
 
 def test_a_module_exports_its_rewritten_method_as_float32(tmp_path) -> None:
