@@ -264,6 +264,16 @@ def test_a_loss_the_script_scales_itself_is_not_scaled_again(scaling: str) -> No
         np.testing.assert_array_equal(ours, theirs)
 
 
+def test_scaling_a_number_still_works_under_the_activation() -> None:
+    """Marking a scaled loss must not break ``scale_loss`` of a Python or NumPy number (a
+    ``loss_scale_factor`` times a float is a float, which cannot be referenced weakly)."""
+    with activation.activated():
+        opt = keras.optimizers.SGD(0.1, loss_scale_factor=8.0)
+        assert opt.scale_loss(2.0) == 16.0
+        assert opt.scale_loss(np.float32(2.0)) == 16.0
+        assert float(opt.scale_loss(tf.constant(2.0))) == 16.0
+
+
 def _gradient_penalty_steps(steps: int = 2) -> tuple[list[np.ndarray], keras.optimizers.SGD]:
     """WGAN-GP-style steps: the inner tape's gradient is differentiated again by the outer."""
     keras.utils.set_random_seed(0)

@@ -28,11 +28,10 @@ _GRAPHS_WITH_MARKS: weakref.WeakSet = weakref.WeakSet()
 
 
 def mark(scaled_loss: Any) -> Any:
-    """Records ``scaled_loss`` as scaled by a wrapper; returns it."""
+    """Records ``scaled_loss`` as scaled by a wrapper; returns it. A value that is no tensor
+    (``loss_scale_factor`` times a Python or NumPy number) is returned unmarked: no tape
+    differentiates it, and it cannot be referenced weakly."""
     key = id(scaled_loss)
-    graph = _graph_of(scaled_loss)
-    if graph is not None:
-        _GRAPHS_WITH_MARKS.add(graph)
 
     def forget(ref: weakref.ref) -> None:
         # Runs when the tensor goes, possibly inside any other code: no lock, and only this
@@ -40,7 +39,14 @@ def mark(scaled_loss: Any) -> Any:
         if _MARKED.get(key) is ref:
             _MARKED.pop(key, None)
 
-    _MARKED[key] = weakref.ref(scaled_loss, forget)
+    try:
+        ref = weakref.ref(scaled_loss, forget)
+    except TypeError:
+        return scaled_loss
+    graph = _graph_of(scaled_loss)
+    if graph is not None:
+        _GRAPHS_WITH_MARKS.add(graph)
+    _MARKED[key] = ref
     return scaled_loss
 
 
