@@ -9,10 +9,12 @@ wrapper is marked ``saves_as_inner``, and the legacy ``.h5`` writer is patched
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import keras
 
+from tf_amp._say_once import say_once
 from tf_amp.optimizers import LossScaleOptimizer, _common
 from tf_amp.runtime import settings
 from tf_amp.runtime._own_train_step import has_own_train_step
@@ -27,12 +29,29 @@ def wrap_on_compile(model: Any, optimizer: Any) -> Any:
     Such steps are loss-scaled by the ``GradientTape.gradient`` / ``apply`` patches instead
     (:mod:`tf_amp.runtime.auto_loss_scale`), which scale and unscale around the user's own
     ``tape.gradient`` call.
+
+    Also left as they are: no optimizer (``compile(optimizer=None)`` for a model that only
+    evaluates or predicts), and one with Keras's ``loss_scale_factor``, which scales its loss
+    itself (a wrapper would refuse it: the loss would be scaled twice).
     """
-    if not settings.loss_scaling_enabled_globally() or has_own_train_step(model):
+    if (
+        optimizer is None
+        or not settings.loss_scaling_enabled_globally()
+        or has_own_train_step(model)
+    ):
         return optimizer
     resolved = keras.optimizers.get(optimizer)
     if isinstance(resolved, keras.optimizers.LossScaleOptimizer):
         return resolved  # Keras's wrapper, or tf_amp's (a subclass of it): scaled already
+    if getattr(resolved, "loss_scale_factor", None) is not None:
+        say_once(
+            "auto loss scale: loss_scale_factor",
+            logging.INFO,
+            f"the optimizer's loss_scale_factor={resolved.loss_scale_factor} is kept: Keras "
+            "scales the loss by it, so the environment adds no dynamic loss scaling to "
+            "this model (steps with inf/NaN gradients are applied, as without tf_amp)",
+        )
+        return resolved
     existing = _common.wrapper_of(resolved)
     if getattr(existing, "saves_as_inner", False):
         return existing  # a recompile with the same optimizer keeps its scale
