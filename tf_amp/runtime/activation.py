@@ -272,6 +272,8 @@ def _is_user_caller(depth: int = 2) -> bool:
 
     AutoGraph routes calls inside a converted function through its own ``converted_call``;
     those frames are skipped so the user's converted function is the one that decides.
+    Keras 3's ``train_step`` run for a model with a ``train_step`` of its own (through
+    ``super().train_step(data)``) counts as user code: see :func:`_framework_step_for_own_step`.
     """
     from tf_amp._upstream.tensorflow import AUTOGRAPH_MODULE
 
@@ -279,7 +281,32 @@ def _is_user_caller(depth: int = 2) -> bool:
     while frame is not None:
         module = frame.f_globals.get("__name__", "") or ""
         if not module.startswith(AUTOGRAPH_MODULE):
-            return module.split(".")[0] not in _LIBRARY_MODULES
+            if module.split(".")[0] not in _LIBRARY_MODULES:
+                return True
+            return module == _KERAS_TRAINER_MODULE and _framework_step_for_own_step(frame)
         frame = frame.f_back
     return False
+
+
+_KERAS_TRAINER_MODULE = "keras.src.backend.tensorflow.trainer"
+
+
+def _framework_step_for_own_step(frame: Any) -> bool:
+    """True when ``frame`` is Keras 3's own ``train_step`` running for a model that has a
+    ``train_step`` of its own, i.e. called through ``super().train_step(data)``.
+
+    ``compile`` left such a model's optimizer unwrapped (an own step written for float32 does
+    not call ``scale_loss``; ``auto_loss_scale_fit.wrap_on_compile``), so the loss is scaled
+    at the ``tape.gradient`` call, as in the user's own code; were Keras's call left alone,
+    nothing would scale that step and its float16 gradients would underflow. Keras's step
+    still calls the optimizer's ``scale_loss`` first, so a loss an explicit wrapper (or
+    ``loss_scale_factor``) scaled is marked and left to it.
+    """
+    from tf_amp._upstream.keras import TensorFlowTrainer
+    from tf_amp.runtime._own_train_step import has_own_train_step
+
+    if frame.f_code is not TensorFlowTrainer.train_step.__code__:
+        return False
+    model = frame.f_locals.get("self")
+    return model is not None and has_own_train_step(model)
 
