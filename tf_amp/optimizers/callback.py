@@ -30,7 +30,14 @@ class LossScaleCallback(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         # No host read until a step XLA compiled was traced (check_skips returns at once).
-        check_skips = getattr(getattr(self.model, "optimizer", None), "check_skips", None)
+        optimizer = getattr(self.model, "optimizer", None)
+        check_skips = getattr(optimizer, "check_skips", None)
+        if check_skips is None and _applies_through_the_environment(optimizer):
+            # A plain optimizer under TF_ENABLE_AUTO_MIXED_PRECISION, in a train_step of the
+            # model's own: the environment's loss scale, not a wrapper, skipped its steps.
+            from tf_amp.runtime import auto_loss_scale
+
+            check_skips = auto_loss_scale.check_skips
         if check_skips is not None:
             check_skips()
 
@@ -40,3 +47,9 @@ class LossScaleCallback(keras.callbacks.Callback):
             return
         for key, value in optimizer.loss_scale_metrics().items():
             logs[key] = float(value)
+
+
+def _applies_through_the_environment(optimizer: Any) -> bool:
+    """True for an optimizer whose steps the environment's custom-loop loss scale decides
+    (``tf_amp.runtime.auto_loss_scale.attach_state`` marked it on its first scaled apply)."""
+    return optimizer is not None and "_tf_amp_auto_state" in getattr(optimizer, "__dict__", {})

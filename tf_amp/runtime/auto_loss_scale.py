@@ -69,6 +69,7 @@ _LOCK = threading.Lock()
 _STATE: dict[str, Any] = {
     "vars": None,
     "policy": None,
+    "alarm": None,  # HostFloorAlarm: what steps XLA compiled counted, made with "vars"
     "pending": weakref.WeakKeyDictionary(),  # graph -> [(gradients returned, finite flag)]
 }
 _MAX_PENDING = 16  # flags kept per graph (eager: gradient calls that no apply follows)
@@ -79,6 +80,7 @@ def reset() -> None:
     with _LOCK:
         _STATE["vars"] = None
         _STATE["policy"] = None
+        _STATE["alarm"] = None
         _STATE["pending"] = weakref.WeakKeyDictionary()
 
 
@@ -108,7 +110,24 @@ def state_variables() -> list[tf.Variable]:
                     )
                     for field, value in zip(initial._fields, initial, strict=True)
                 ]
+                from tf_amp.optimizers._host_floor_alarm import HostFloorAlarm
+
+                _STATE["alarm"] = HostFloorAlarm()
         return _STATE["vars"]
+
+
+def check_skips() -> None:
+    """The floor warnings (and their counts) of custom-loop steps XLA compiled, said on the
+    host, as a wrapper's ``check_skips()`` says them: such a step can neither print nor
+    assert. ``LossScaleCallback`` calls this for a model whose optimizer applies through this
+    path. Costs nothing until such a step was traced."""
+    alarm = _STATE["alarm"]
+    if alarm is None:
+        return
+    from tf_amp.optimizers import _common
+
+    with alarm.lock:
+        alarm.check(_policy(), _common.FLOOR_WARNING_SKIPS, None)
 
 
 STATE_NAME = "tf_amp_auto_loss_scale"
@@ -295,6 +314,7 @@ def keras_apply_patch(original: Callable[..., Any]) -> Callable[..., Any]:
             state_variables(),
             floor_warning_skips=_common.FLOOR_WARNING_SKIPS,
             max_consecutive_skips=None,
+            events=_STATE["alarm"].events,
         )
         return None
 
