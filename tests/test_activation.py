@@ -609,6 +609,125 @@ def test_unmodified_custom_train_step_is_loss_scaled_correctly() -> None:
     assert steps - int(before.good_steps) - int(before.skipped_steps) == 32
 
 
+
+class DelegatingRegressor(keras.Sequential):
+    """A model with a ``train_step`` of its own that only hands over to Keras's."""
+
+    def train_step(self, data):  # noqa: ANN001, ANN201 - an unmodified user train_step
+        return super().train_step(data)
+
+
+def _train_with_a_tiny_loss(model_class: type) -> tuple[np.ndarray, np.ndarray]:
+    """The first kernel before and after SGD on 1e-8 times a regression's mse (learning rate
+    1e6): in float16 its gradients underflow unless the loss is scaled; in float32 it trains
+    as mse does with a learning rate of 0.01."""
+    keras.utils.set_random_seed(1)
+    model = model_class(
+        [keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)]
+    )
+    model.compile(
+        optimizer=keras.optimizers.SGD(1e6),
+        loss=lambda y, p: keras.ops.mean(keras.ops.square(y - p), axis=-1) * 1e-8,
+    )
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 8)).astype(np.float32)
+    y = x @ rng.normal(size=(8, 1)).astype(np.float32)
+    before = model.layers[0].kernel.numpy()
+    model.fit(x, y, batch_size=16, epochs=3, verbose=0, shuffle=False)
+    return before, model.layers[0].kernel.numpy()
+
+
+def test_a_train_step_that_calls_super_is_loss_scaled() -> None:
+    """``super().train_step(data)`` from a step of the model's own: compile leaves such a
+    model's optimizer unwrapped (its own step might not call ``scale_loss``), and Keras's step
+    calls ``tape.gradient`` from Keras's code, which the patch took for library code. Nothing
+    scaled the loss: every float16 gradient underflowed to 0 and the model never moved."""
+    with activation.activated(Settings(True, True)):
+        _, wrapped = _train_with_a_tiny_loss(keras.Sequential)
+        made_by_the_wrapped_model = auto_loss_scale._STATE["vars"] is not None  # noqa: SLF001
+        before, delegating = _train_with_a_tiny_loss(DelegatingRegressor)
+        state = auto_loss_scale.current_state()
+    assert not made_by_the_wrapped_model  # Keras's wrapper scaled that loss, nothing else
+    assert int(state.good_steps) == 12 and int(state.skipped_steps) == 0
+    assert np.abs(delegating - before).sum() > 1.0  # moved (3.2; 0.0 before the fix)
+    np.testing.assert_allclose(delegating, wrapped, rtol=1e-2, atol=1e-3)
+
+
+def _regression_data() -> tuple[np.ndarray, np.ndarray]:
+    x = np.random.default_rng(0).normal(size=(32, 8)).astype(np.float32)
+    return x, x.sum(axis=1, keepdims=True)
+
+
+def test_compile_without_an_optimizer_under_the_activation() -> None:
+    """``compile(optimizer=None)``, for a model that only evaluates, raised at ``compile``
+    under the activation: the environment tried to wrap ``None``."""
+    x, y = _regression_data()
+    with activation.activated(Settings(True, True)):
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+        model.compile(optimizer=None, loss="mse")
+        assert model.optimizer is None
+        assert np.isfinite(model.evaluate(x, y, verbose=0))
+
+
+def test_an_optimizer_with_its_own_loss_scale_factor_keeps_it_under_the_activation() -> None:
+    """An optimizer with Keras's ``loss_scale_factor`` raised at ``compile`` under the
+    activation (the wrapper refuses it: the loss would be scaled twice). It is left as it is:
+    the factor scales the loss, and nothing else does."""
+    x, y = _regression_data()
+    with activation.activated(Settings(True, True)):
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+        opt = keras.optimizers.SGD(0.05, loss_scale_factor=128.0)
+        model.compile(optimizer=opt, loss="mse")
+        assert model.optimizer is opt
+        first = model.evaluate(x, y, verbose=0)
+        model.fit(x, y, batch_size=8, epochs=4, verbose=0)
+        assert int(opt.iterations) == 16
+        assert model.evaluate(x, y, verbose=0) < 0.5 * first
+        assert auto_loss_scale._STATE["vars"] is None  # noqa: SLF001 - no second scale made
+
+
+class OwnStepWithNaNLoss(keras.Sequential):
+    """Its own step, written for float32: a loss that is NaN on every step."""
+
+    def train_step(self, data):  # noqa: ANN001, ANN201 - an unmodified user train_step
+        x, _ = data
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.sqrt(self(x, training=True) - 1e9))
+        grads = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply(grads, self.trainable_variables)
+        return {"loss": loss}
+
+
+def test_loss_scale_callback_says_the_floor_warnings_of_an_xla_step_of_the_environment(
+    capfd, caplog, monkeypatch
+) -> None:
+    """Under XLA the environment's custom-loop scale counted no floor event, and the callback
+    the trace recommends looked for ``check_skips`` on the model's (plain) optimizer only: 24
+    steps were skipped at the floor without a word. Now it says both warnings."""
+    import tf_amp
+    from tf_amp import _say_once
+
+    monkeypatch.setattr(_say_once, "_SAID", set())
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(96, 8)).astype(np.float32)  # 24 steps: 15 to the floor, then 2 there
+    with activation.activated(Settings(True, True)), caplog.at_level("WARNING", "tf_amp"):
+        keras.utils.set_random_seed(0)
+        model = OwnStepWithNaNLoss([keras.Input((8,)), keras.layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.SGD(0.1), jit_compile=True)
+        model.fit(x, x[:, :1], batch_size=4, epochs=1, verbose=0,
+                  callbacks=[tf_amp.LossScaleCallback()])
+        state = auto_loss_scale.current_state()
+    assert "compiled with XLA" in caplog.text
+    assert int(state.skipped_steps) == 24 and int(model.optimizer.iterations) == 0
+    said = [line for line in capfd.readouterr().err.splitlines()
+            if line.startswith("WARNING tf_amp")]
+    assert [line.split(" the loss scale ")[1][:16] for line in said] == [
+        "fell to its floo", "is at its floor "
+    ]
+
+
 TF1_COMPUTE_APPLY_SCRIPT = """
     import numpy as np, tensorflow as tf
     tf1 = tf.compat.v1
