@@ -193,6 +193,61 @@ def test_env_leaves_a_loss_the_script_scales_itself_to_its_wrapper(tmp_path: Pat
             assert int(fields[0]) >= 18 and fields[-1] == "True", out[-3000:]
 
 
+OWN_STEPS_THROUGH_MINIMIZE = textwrap.dedent(
+    """
+    import numpy as np, tensorflow as tf
+
+    def run(kind, legacy):
+        class Model(tf.keras.Sequential):
+            def train_step(self, data):
+                if kind == "super":
+                    return super().train_step(data)
+                x, y = data
+                with tf.GradientTape() as tape:
+                    loss = self.compiled_loss(y, self(x, training=True))
+                self.optimizer.minimize(loss, self.trainable_variables, tape=tape)
+                return {"loss": loss}
+
+        tf.keras.utils.set_random_seed(1)
+        model = Model([tf.keras.layers.Dense(16, activation="relu", input_shape=(8,)),
+                       tf.keras.layers.Dense(1)])
+        optimizers = tf.keras.optimizers.legacy if legacy else tf.keras.optimizers
+        # 1e-8 x mse at a learning rate of 1e6: float16 gradients underflow unless scaled
+        model.compile(optimizer=optimizers.SGD(1e6),
+                      loss=lambda y, p: tf.reduce_mean(tf.square(y - p), axis=-1) * 1e-8)
+        rng = np.random.default_rng(0)
+        x = rng.normal(size=(64, 8)).astype(np.float32)
+        y = x @ rng.normal(size=(8, 1)).astype(np.float32)
+        before = model.layers[0].kernel.numpy()
+        model.fit(x, y, batch_size=16, epochs=3, verbose=0, shuffle=False)
+        moved = float(np.abs(model.layers[0].kernel.numpy() - before).sum())
+        print(f"{kind} {'legacy' if legacy else 'current'}:", type(model.optimizer).__name__,
+              int(model.optimizer.iterations), round(moved, 3))
+
+    for kind in ("super", "minimize"):
+        for legacy in (False, True):
+            run(kind, legacy)
+    """
+)
+
+
+def test_env_scales_an_own_step_that_calls_super_or_minimize(tmp_path: Path) -> None:
+    """A step of the model's own that calls ``super().train_step(data)``, or the optimizer's
+    ``minimize(loss, vars, tape=tape)``: compile leaves the optimizer unwrapped (an own step
+    need not call ``get_scaled_loss``), and ``tape.gradient`` is called from tf_keras's
+    optimizer, which the patch took for library code. Nothing scaled those steps: the float16
+    gradients underflowed and the model never moved (0.0). Now they are scaled there."""
+    script = tmp_path / "own_steps.py"
+    script.write_text(OWN_STEPS_THROUGH_MINIMIZE)
+    float32 = _run(script, tmp_path, {})
+    mixed = _run(script, tmp_path, {"TF_ENABLE_AUTO_MIXED_PRECISION": "1"})
+    for kind in ("super current", "super legacy", "minimize current", "minimize legacy"):
+        name, iterations, moved = _field(mixed, kind).split()
+        expected = float(_field(float32, kind).split()[2])
+        assert name == "SGD" and iterations == "12"
+        assert abs(float(moved) - expected) < 0.25 * expected, (kind, moved, expected)
+    assert "auto loss scale: 32768.0 skipped: 0" in mixed
+
 MIRRORED = textwrap.dedent(
     """
     import json, os
