@@ -7,6 +7,7 @@ and the environment's custom-loop path, so all take the same decision the same w
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -95,9 +96,50 @@ def apply_or_skip(
         with tf.control_dependencies(deps):
             return tf.constant(False)
 
-    applied = tf.cond(finite, on_finite, on_skip)
+    with _global_graph_as_outer_context(), _branch_items_kept_out_of_collections():
+        applied = tf.cond(finite, on_finite, on_skip)
     _keep_as_function_call(applied)
     return applied
+
+
+@contextlib.contextmanager
+def _branch_items_kept_out_of_collections() -> Any:
+    """Removes from the outer graph's collections what the cond's branches added to them.
+
+    A branch's graph shares its outer graph's collections, and TF1's ``apply_gradients``
+    appends its update op to ``GraphKeys.TRAIN_OP``: an op of the branch, which is not in the
+    outer graph, so ``export_meta_graph`` wrote a collection naming an op the graph lacks and
+    ``import_meta_graph`` (and a TF1 SavedModel's load) failed with a KeyError. The v1
+    wrapper adds its own op there instead, as TF1's optimizers do.
+    """
+    if tf.executing_eagerly():
+        yield
+        return
+    graph = tf.compat.v1.get_default_graph()
+    before = {key: len(graph.get_collection_ref(key)) for key in graph.get_all_collection_keys()}
+    yield
+    for key in graph.get_all_collection_keys():
+        items = graph.get_collection_ref(key)
+        start = before.get(key, 0)
+        items[start:] = [item for item in items[start:] if getattr(item, "graph", graph) is graph]
+
+
+def _global_graph_as_outer_context() -> Any:
+    """Makes a TF1 script's implicit global graph the context ``init_scope`` lifts to from
+    inside the cond's branches.
+
+    The inner optimizer makes state there on first use (TF1 Adam's ``beta1_power``, under
+    ``init_scope``). With no graph entered explicitly, ``init_scope`` lifts to the innermost
+    context on TensorFlow's context-switch stack that builds no function; once the eager
+    context was made before ``disable_eager_execution()`` (the environment's device query, or
+    a script's own ``tf.config.list_physical_devices``), that is the eager one: the variable
+    was made eagerly and the branch failed with "Attempting to capture an EagerTensor without
+    building a function". Entering the graph puts it on that stack, above the eager entry.
+    """
+    if tf.executing_eagerly():
+        return contextlib.nullcontext()
+    graph = tf.compat.v1.get_default_graph()
+    return contextlib.nullcontext() if graph.building_function else graph.as_default()
 
 
 def _keep_as_function_call(cond_output: tf.Tensor) -> None:

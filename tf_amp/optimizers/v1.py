@@ -271,7 +271,13 @@ class V1LossScaleOptimizer(_V1Optimizer):
                 _summaries.write_summaries(self._state_vars[0], self._state_vars[2], step)
         if tf.executing_eagerly():
             return None
-        return tf.group(applied, name=name or "apply_loss_scaled_gradients")
+        train_op = tf.group(applied, name=name or "apply_loss_scaled_gradients")
+        # As TF1's own apply_gradients does (the inner one's op, in the cond's branch, was
+        # kept out of the outer graph's collections).
+        train_ops = tf.compat.v1.get_collection_ref(tf.compat.v1.GraphKeys.TRAIN_OP)
+        if train_op not in train_ops:
+            train_ops.append(train_op)
+        return train_op
 
     # The v1 base class asks subclasses for these; every call goes to the inner optimizer.
     def _apply_dense(self, grad: Any, var: Any) -> Any:  # pragma: no cover - not reached
