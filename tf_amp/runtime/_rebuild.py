@@ -132,16 +132,16 @@ def rebuild_concrete_function(
     return rebuilt
 
 
-# Custom ops known to have CPU/GPU kernels but no XLA kernel.
-_NO_XLA_OPS = frozenset({native_ops.NATIVE_OP_NAME})
-
-
 def _ops_without_xla_kernel(graph_def: graph_pb2.GraphDef) -> set[str]:
-    """Op types in ``graph_def`` (library included) that XLA cannot compile."""
+    """Op types in ``graph_def`` (library included) that XLA cannot compile: custom ops
+    known to have CPU/GPU kernels but no XLA kernel. (Read here, not when this module loads:
+    under the environment, ``import tf_amp.ops`` loads TensorFlow, whose activation loads
+    this module while ``tf_amp.ops`` is still half made.)"""
+    no_xla_ops = {native_ops.NATIVE_OP_NAME}
     nodes = list(graph_def.node)
     for fdef in graph_def.library.function:
         nodes.extend(fdef.node_def)
-    return {n.op for n in nodes if n.op in _NO_XLA_OPS}
+    return {n.op for n in nodes if n.op in no_xla_ops}
 
 
 def _placeholder_like(old: tf.Tensor) -> tf.Tensor:

@@ -87,7 +87,8 @@ def activate(requested: Settings | None = None) -> Settings:
             deactivate()
         _state.set_active_settings(requested)
         _hook = PostImportHook(
-            {"tensorflow": _patch_tensorflow, "keras": _patch_keras, "tf_keras": _patch_tf_keras}
+            {"tensorflow": _patch_tensorflow, "keras": _patch_keras, "tf_keras": _patch_tf_keras},
+            defer_inside="tf_amp.",
         )
         _hook.install()
         if "tensorflow" in sys.modules:
@@ -247,7 +248,6 @@ def _make_function_patch(original: Callable[..., Any]) -> Callable[..., Any]:
     The result is still a genuine ``tf.function`` object (an ``AmpTfFunction``), so
     ``isinstance`` checks, methods and ``tf.saved_model.save`` keep working in unmodified code.
     """
-    from tf_amp.runtime.function import as_amp_tf_function
 
     def function(func: Any = None, *args: Any, **kwargs: Any) -> Any:
         if func is None:
@@ -255,6 +255,10 @@ def _make_function_patch(original: Callable[..., Any]) -> Callable[..., Any]:
         result = original(func, *args, **kwargs)
         if _is_library_object(func):
             return result
+        # Imported at the first call, not when patching: the patch is made when TensorFlow
+        # finishes loading, which may be inside ``import tf_amp.runtime.function`` itself.
+        from tf_amp.runtime.function import as_amp_tf_function
+
         return as_amp_tf_function(result)
 
     function.__doc__ = original.__doc__

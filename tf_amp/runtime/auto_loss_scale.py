@@ -222,7 +222,6 @@ def gradient_patch(
     original: Callable[..., Any], is_user_caller: Callable[[], bool]
 ) -> Callable[..., Any]:
     """``GradientTape.gradient`` that loss-scales when user code calls it."""
-    from tf_amp.ops import unscale_and_check_finite
 
     def gradient(
         self: Any,
@@ -238,6 +237,10 @@ def gradient_patch(
             or _scaled_by_a_wrapper(target)
         ):
             return original(self, target, sources, output_gradients, unconnected_gradients)
+        # Imported here: the patch is made when TensorFlow finishes loading, which may be
+        # inside ``import tf_amp.ops`` itself.
+        from tf_amp.ops import unscale_and_check_finite
+
         scale = current_state().scale
         # A float16 loss with scale >= 65520 seeds inf: that step is skipped and the scale
         # halves. Multiplying in float32 would not help: the gradient of the float16 loss
