@@ -472,6 +472,69 @@ def test_env_tf1_script_that_lists_its_devices_first(tmp_path: Path) -> None:
     assert float(out.split("test accuracy:")[1].split()[0]) > 0.9
 
 
+TF1_ADAM_SCRIPT = """
+    import numpy as np, tensorflow as tf
+    tf1 = tf.compat.v1
+    tf1.disable_eager_execution()  # the global graph, never entered with as_default()
+    rng = np.random.default_rng(0)
+    xs = rng.random((32, 4), dtype=np.float32); ys = xs.sum(1, keepdims=True)
+    x = tf1.placeholder(tf.float32, [None, 4]); y = tf1.placeholder(tf.float32, [None, 1])
+    w = tf1.get_variable("w", [4, 1], initializer=tf1.zeros_initializer())
+    loss = tf.reduce_mean(tf.square(tf.matmul(x, w) - y))
+    step = tf1.train.get_or_create_global_step()
+    train_op = tf1.train.AdamOptimizer(0.05).minimize(loss, global_step=step)
+    print("train ops in the graph:", all(
+        op.graph is tf1.get_default_graph() for op in tf1.get_collection("train_op")))
+    meta_graph = tf1.train.export_meta_graph()
+    with tf1.Session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        first = sess.run(loss, {x: xs, y: ys})
+        for _ in range(40):
+            sess.run(train_op, {x: xs, y: ys})
+        print("trained:", first, sess.run(loss, {x: xs, y: ys}), sess.run(step))
+    with tf.Graph().as_default():
+        tf1.train.import_meta_graph(meta_graph)
+        print("meta graph imported")
+"""
+
+
+def test_env_tf1_adam_in_the_global_graph_trains_and_exports(tmp_path: Path) -> None:
+    """An ordinary TF1 script: Adam's ``minimize`` in the implicit global graph failed under
+    the environment ("Attempting to capture an EagerTensor without building a function"):
+    the activation's device query makes the eager context before ``disable_eager_execution``,
+    and Adam's ``beta1_power``, made inside the apply-or-skip cond, was lifted to it. And the
+    meta graph of any v1 wrapper's step named an op of the cond's branch in ``train_op``, so
+    ``import_meta_graph`` (a TF1 SavedModel's load too) raised a KeyError."""
+    out = _run(_write(tmp_path, "adam.py", TF1_ADAM_SCRIPT), tmp_path, {ENV_ENABLE: "1"})
+    assert "train ops in the graph: True" in out
+    first, last, steps = (float(v) for v in out.split("trained:")[1].split()[:3])
+    assert last < 0.1 * first and 30 <= steps <= 40  # the first overflows may be skipped
+    assert "meta graph imported" in out
+
+
+FIRST_IMPORT_SCRIPT = """
+    import sys
+    module = sys.argv[1]
+    __import__(module)  # the script's first import: TensorFlow loads inside it
+    import tf_amp
+    session_class = tf_amp.Session
+    import tensorflow as tf
+    print("patched:", type(tf.function(lambda: 1)).__name__,
+          tf.compat.v1.Session is session_class)
+"""
+
+
+@pytest.mark.parametrize("module", ["tf_amp.ops", "tf_amp.runtime.session"])
+def test_env_a_tf_amp_module_imported_before_tensorflow(tmp_path: Path, module: str) -> None:
+    """``import tf_amp.ops`` as a script's first import raised a circular-import error under
+    the environment: TensorFlow finishes loading inside it, and the activation's patches,
+    made right then, imported names ``tf_amp.ops`` had not defined yet. They now wait until
+    that import is over."""
+    script = _write(tmp_path, "first_import.py", FIRST_IMPORT_SCRIPT)
+    out = _run_args(script, [module], tmp_path, {ENV_ENABLE: "1"})
+    assert "patched: AmpTfFunction True" in out
+
+
 def test_env_tf1_session_script_trains_in_mixed_precision(tmp_path: Path) -> None:
     logs = tmp_path / "logs"
     out = _run(
