@@ -410,6 +410,67 @@ def test_gradients_flow_through_a_rewritten_function() -> None:
     assert "MatMul" in half_ops_of_functions(forward.concrete_functions())
 
 
+
+def _custom_gradient_model() -> tuple[tf.Variable, tf.Tensor, object]:
+    """A matmul whose custom gradient triples the input's gradient and, as most custom
+    gradients do, closes over a tensor of the forward pass (its input)."""
+    rng = np.random.default_rng(0)
+    w = tf.Variable(rng.standard_normal((8, 8)).astype(np.float32))
+    x = tf.constant(rng.standard_normal((4, 8)).astype(np.float32))
+
+    @tf.custom_gradient
+    def tripled_matmul(a: tf.Tensor) -> tuple[tf.Tensor, object]:
+        def grad(dy: tf.Tensor, variables: object = None) -> tuple[tf.Tensor, list]:
+            return tf.matmul(dy, w, transpose_b=True) * 3.0, [tf.matmul(a, dy, transpose_a=True)]
+
+        return tf.matmul(a, w), grad
+
+    return w, x, lambda a: tf.nn.relu(tripled_matmul(a))
+
+
+def test_a_custom_gradient_under_an_outer_tape_runs_float32(caplog) -> None:
+    """Differentiated by a tape outside it, a rewritten function's custom gradient failed:
+    TensorFlow calls the gradient function against the rewritten graph, where the forward
+    tensor it closes over does not exist ("out of scope"). Such calls run the float32
+    function and say why; with the tape inside, the function runs rewritten."""
+    w, x, model = _custom_gradient_model()
+    gradients = []
+    for decorate in (tf.function, tf_amp.function):
+        forward = decorate(model)
+        with tf.GradientTape() as tape, caplog.at_level(logging.WARNING, "tf_amp"):
+            tape.watch(x)
+            loss = tf.reduce_sum(forward(x) ** 2)
+        gradients.append([g.numpy() for g in tape.gradient(loss, [x, w])])
+    for ours, theirs in zip(gradients[1], gradients[0], strict=True):
+        np.testing.assert_array_equal(ours, theirs)
+    assert "records outside it" in caplog.text
+
+    @tf_amp.function
+    def step() -> list[tf.Tensor]:
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            loss = tf.reduce_sum(model(x) ** 2)
+        return tape.gradient(loss, [x, w])
+
+    inside = [g.numpy() for g in step()]
+    for ours, theirs in zip(inside, gradients[0], strict=True):
+        np.testing.assert_allclose(ours, theirs, rtol=2e-2, atol=0.5)
+    assert "MatMul" in half_ops_of_functions(step.concrete_functions())
+
+
+def test_the_op_that_marks_a_custom_gradient_stays_float32() -> None:
+    """``tf.custom_gradient``'s IdentityN is on the clear list, and was painted half between
+    half ops: a graph differentiated after the rewrite (a SavedModel rewritten by ``tf-amp
+    rewrite``, then trained) handed the float32 gradient function a half tensor."""
+    _, x, model = _custom_gradient_model()
+    graph_def = tf.function(model).get_concrete_function(x).graph.as_graph_def()
+    result = tf_amp.rewrite_graph_def(graph_def, RewriteConfig(target_dtype="float16"))
+    marks = [n for n in result.graph_def.node if "_gradient_op_type" in n.attr]
+    assert marks and all(
+        t == tf.float32.as_datatype_enum for n in marks for t in n.attr["T"].list.type
+    )
+    assert "MatMul" in {n.op for n in result.graph_def.node if n.attr["T"].type == tf.half}
+
 METHOD_SCRIPT = """
 import tensorflow as tf, tf_amp
 

@@ -136,6 +136,8 @@ def node_eligibility(
             block = Block.STATE
         elif op in DTYPE_BOUND_OPS:
             block = Block.DTYPE_BOUND
+        elif op == "IdentityN" and "_gradient_op_type" in view.protos[n].attr:
+            block = Block.CUSTOM_GRADIENT
         elif info.is_function or info.has_func_attr:
             block = Block.FUNCTION
         elif prefixes and (name in scope_set or name.startswith(prefixes)):

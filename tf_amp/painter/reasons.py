@@ -117,6 +117,12 @@ class Block(str, enum.Enum):
         "op {op} computes with its dtype itself (bits, bytes, Python code, counting), not just "
         "at a precision: kept float32 at every level",
     )
+    CUSTOM_GRADIENT = (
+        "custom-gradient",
+        "marks a tf.custom_gradient, whose gradient function TensorFlow calls with this op's "
+        "dtypes when the rewritten function is differentiated; written for float32, it "
+        "would get half tensors: kept float32",
+    )
     FUNCTION = (
         "function",
         "calls a function; its signature stays float32 (the body is rewritten)",

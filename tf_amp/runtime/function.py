@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -64,6 +65,28 @@ def _float32_trace(traced: Any, *args: Any, **kwargs: Any) -> Any:
         return upstream_tf.TfFunction.get_concrete_function(traced, *args, **kwargs)
     finally:
         _flags.tracing -= 1
+
+
+def _has_custom_gradient(graph: Any) -> bool:
+    """True when ``graph`` (its functions included) holds a ``tf.custom_gradient``: the
+    ``IdentityN`` that carries the gradient's registry key."""
+    graph_def = graph.as_graph_def()
+    nodes = [*graph_def.node, *(n for f in graph_def.library.function for n in f.node_def)]
+    return any(n.op == "IdentityN" and "_gradient_op_type" in n.attr for n in nodes)
+
+
+def _say_custom_gradient_runs_float32() -> None:
+    from tf_amp._say_once import say_once
+
+    say_once(
+        "custom gradient under an outer tape",
+        logging.WARNING,
+        "a rewritten function holding a tf.custom_gradient was called under a GradientTape "
+        "that records outside it: TensorFlow would run the custom gradient function against "
+        "the rewritten graph, where the tensors it closes over do not exist, so such calls run "
+        "the float32 function. Computing the gradient inside the function (the tape inside, as "
+        "a training step does) runs it rewritten.",
+    )
 
 
 def _unchanged_report(config: Any, graph: Any) -> Any:
@@ -118,6 +141,9 @@ class Function:
             python_function, jit_compile=jit_compile, **tf_function_kwargs
         )
         self._cache: dict[int, tuple[Any, Any]] = {}
+        # id(rebuilt) -> its float32 original, for traces with a tf.custom_gradient: called
+        # under a tape that records outside them, those run float32 (see __call__).
+        self._float32_under_outer_tapes: dict[int, Any] = {}
         self.reports: list[Any] = []  # one RewriteReport per rewritten trace
         self._lock = threading.Lock()
         functools.update_wrapper(self, python_function)
@@ -160,6 +186,8 @@ class Function:
                     original, self._rewrite_fn(), self._jit_compile,
                     add_shapes=config is not None and config.probe,
                 )
+                if _has_custom_gradient(original.graph):
+                    self._float32_under_outer_tapes[id(rebuilt)] = original
             self._cache[key] = (original, rebuilt)
             return rebuilt
 
@@ -190,6 +218,10 @@ class Function:
         )
         args, kwargs = bound.args, bound.kwargs
         rebuilt = self.get_concrete_function(*args, **kwargs)
+        float32 = self._float32_under_outer_tapes.get(id(rebuilt))
+        if float32 is not None and upstream_tf.could_possibly_record():
+            _say_custom_gradient_runs_float32()
+            rebuilt = float32
         flat = rebuilt.function_type.unpack_inputs(rebuilt.function_type.bind(*args, **kwargs))
         return rebuilt._call_flat(flat, captured_inputs=rebuilt.captured_inputs)
 
