@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import tensorflow as tf
 
 import tf_amp
@@ -66,3 +67,61 @@ def test_tf1_gradients_of_an_excluded_scope_stay_float32():
     kept_grads = {n: d for n, d in dtypes.items() if n.startswith("gradients/keep_fp32/")}
     assert kept_grads and set(kept_grads.values()) == {"float32"}, dtypes
     assert dtypes["converted"] == "float16"
+
+
+# Values that overflow float16 (max 65504): x @ W is 9600 a element, times W again 3.1e6.
+_W = tf.fill([8, 8], 40.0)
+_X = tf.fill([4, 8], 30.0)
+
+
+@tf.function
+def _inner_matmuls(a: tf.Tensor) -> tf.Tensor:
+    return tf.matmul(tf.matmul(a, _W), _W) / 1e4
+
+
+def _in_a_while_body(a: tf.Tensor) -> tf.Tensor:
+    with tf_amp.keep_float32():
+        return tf.while_loop(lambda i, t: i < 1,
+                             lambda i, t: (i + 1, tf.matmul(tf.matmul(t, _W), _W) / 1e4),
+                             (0, a))[1]
+
+
+def _in_a_cond_branch(a: tf.Tensor) -> tf.Tensor:
+    with tf_amp.keep_float32():
+        return tf.cond(tf.reduce_sum(a) > 0, lambda: _inner_matmuls.python_function(a),
+                       lambda: a)
+
+
+def _in_a_nested_function(a: tf.Tensor) -> tf.Tensor:
+    with tf_amp.keep_float32():
+        return _inner_matmuls(a)
+
+
+def test_keep_float32_covers_loop_bodies_branches_and_nested_functions():
+    """The block marks the ops built in its own graph; a loop body, a branch or a nested
+    tf.function is traced into a graph of its own, and was painted half: inf where the
+    user kept float32 (the values exceed float16's range)."""
+    for body in (_in_a_while_body, _in_a_cond_branch, _in_a_nested_function):
+        expected = tf.function(body)(_X)
+        got = tf_amp.function(body, config=RewriteConfig(target_dtype="float16"))(_X)
+        assert float(got[0, 0]) == float(expected[0, 0]) == np.float32(307.2), body.__name__
+
+
+def test_an_excluded_scope_covers_the_functions_it_calls():
+    """``exclude_scopes`` names nodes by scope, and a library function's nodes carry no
+    scope: a tf.function called in the scope stayed in the library (a SavedModel given to
+    ``tf-amp rewrite``) and was painted half."""
+
+    def scoped(a: tf.Tensor) -> tf.Tensor:
+        with tf.name_scope("head"):
+            kept = _inner_matmuls(a)
+        return kept + _inner_matmuls.python_function(a)  # the same ops outside the scope
+
+    graph_def = tf.function(scoped).get_concrete_function(_X).graph.as_graph_def()
+    config = RewriteConfig(target_dtype="float16", exclude_scopes=("head",))
+    out = rewrite_graph_def(graph_def, config).graph_def
+    assert set(_matmul_dtypes(out).values()) == {"float16"}  # outside the scope: converted
+    for function in out.library.function:
+        assert {n.attr["T"].type for n in function.node_def if n.op == "MatMul"} == {
+            tf.float32.as_datatype_enum
+        }

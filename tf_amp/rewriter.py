@@ -30,6 +30,7 @@ from tf_amp._say_once import say_once
 from tf_amp.cast_planner import plan_and_apply
 from tf_amp.config import RewriteConfig
 from tf_amp.painter import Painter
+from tf_amp.painter.eligibility import functions_called_from_excluded_nodes
 from tf_amp.report import BodyRecord, RewriteReport
 from tf_amp.type_attrs import (
     DT_BFLOAT16,
@@ -159,10 +160,13 @@ def _rewrite(
             where = f" (in function {name!r})" if name else ""
             raise GraphRewriteError(f"{err}{where}") from None
 
+    excluded_bodies = functions_called_from_excluded_nodes(
+        [(name, view) for (name, _, _), view in zip(bodies, views, strict=True)], config
+    )
     for (name, container, _fdef), view in zip(bodies, views, strict=False):
         preserve = config.preserve_nodes if not name else frozenset()
         slow = config.slow_nodes if not name else frozenset()
-        painting = Painter(view, config, lists, preserve, slow).paint()
+        painting = Painter(view, config, lists, preserve, slow, name in excluded_bodies).paint()
         report.nodes_before += view.num_real
         for n in view.unknown_ops:
             report.unknown_ops.append((name, view.names[n], view.ops[n]))

@@ -14,7 +14,8 @@ excluded region are excluded with it.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
+from typing import Any
 
 from tf_amp.config import RewriteConfig
 from tf_amp.lists import OpLists
@@ -108,10 +109,13 @@ def node_eligibility(
     lists: OpLists,
     preserve: frozenset[str],
     slow: frozenset[str],
+    body_excluded: bool = False,
 ) -> tuple[bytearray, list[str]]:
     """(per node: 1 if it may change, per node: the ``Block`` saying why not, "" if it may).
 
     Pseudo-nodes (``_Arg``/``_Retval``) are never eligible: they are the function boundary.
+    ``body_excluded``: the body is a function that an excluded node calls
+    (:func:`functions_called_from_excluded_nodes`), so every node in it is excluded.
     """
     node_eligible = bytearray(len(view.names))
     node_block = [""] * len(view.names)
@@ -140,7 +144,7 @@ def node_eligibility(
             block = Block.CUSTOM_GRADIENT
         elif info.is_function or info.has_func_attr:
             block = Block.FUNCTION
-        elif prefixes and (name in scope_set or name.startswith(prefixes)):
+        elif body_excluded or (prefixes and (name in scope_set or name.startswith(prefixes))):
             block = Block.EXCLUDED
         elif gpu_only and device_type(view.devices[n], default_dev) != "GPU":
             block = Block.DEVICE
@@ -221,3 +225,67 @@ def _exclude_backward_of_excluded(
                 node_eligible[n] = 0
                 node_block[n] = Block.EXCLUDED
                 break
+
+
+def functions_called_from_excluded_nodes(
+    views: Sequence[tuple[str, BodyView]], config: RewriteConfig
+) -> frozenset[str]:
+    """Names of the functions whose every node is excluded: those an excluded node calls (a
+    ``While`` / ``If`` / function call made under ``tf_amp.keep_float32`` or in an excluded
+    scope, or the gradient of one), and, transitively, every function they call.
+
+    The exclusion marks only the nodes built in the excluded region's own graph, and a scope
+    names only the nodes of its own body: a loop body, a branch or a nested ``tf.function``
+    is traced into a graph of its own, and was painted as if nothing excluded it (``inf``
+    where the user kept float32). A function called from both inside and outside an excluded
+    region is one body: it is kept float32 for both.
+    """
+    scopes = tuple(s.rstrip("/") for s in config.exclude_scopes if s.strip("/"))
+    prefixes = tuple(s + "/" for s in scopes)
+    calls: dict[str, set[str]] = {}
+    pending: list[str] = []
+    for body, view in views:
+        excluded_names = set()
+        callers: list[tuple[int, set[str]]] = []
+        for n in range(view.num_real):
+            name = view.names[n]
+            mark = view.exclude_attr[n]
+            if mark == EXCLUDE_NOT_READ:
+                mark = exclude_mark(view.protos[n].attr)
+            if mark == EXCLUDE_USER or (prefixes and (name in scopes or name.startswith(prefixes))):
+                excluded_names.add(name)
+            info = view.infos[n]
+            if info is not None and (info.is_function or info.has_func_attr):
+                callers.append((n, _callees(view.protos[n], view.ops[n], info.is_function)))
+        calls[body] = set().union(*(callees for _, callees in callers))
+        for n, callees in callers:
+            if view.names[n] in excluded_names or _is_gradient_of(view.names[n], excluded_names):
+                pending.extend(callees)
+    excluded: set[str] = set()
+    while pending:
+        function = pending.pop()
+        if function not in excluded:
+            excluded.add(function)
+            pending.extend(calls.get(function, ()))
+    return frozenset(excluded)
+
+
+def _callees(node: Any, op: str, is_function: bool) -> set[str]:
+    """The functions a call node calls: its op itself, or its function attrs."""
+    found = {op} if is_function else set()
+    for value in node.attr.values():
+        if value.HasField("func"):
+            found.add(value.func.name)
+        elif value.HasField("list"):
+            found.update(f.name for f in value.list.func)
+    return found
+
+
+def _is_gradient_of(name: str, excluded: set[str]) -> bool:
+    """True for a gradient op named after a forward op under an excluded node (the naming
+    rule of :func:`_exclude_backward_of_excluded`)."""
+    match = _GRADIENT_PREFIX.match(name)
+    if match is None or not excluded:
+        return False
+    parts = [p[:-5] if p.endswith("_grad") else p for p in name[match.end():].split("/")]
+    return any("/".join(parts[:depth]) in excluded for depth in range(1, len(parts) + 1))

@@ -28,7 +28,8 @@ class Painter:
     """Runs the passes over one BodyView. Construct per body; call ``paint()``.
 
     ``preserve``: node names whose dtype must not change (feeds, fetches); ``slow``: nodes
-    measured slower in the target (``tf_amp.probe``). Both are kept float32.
+    measured slower in the target (``tf_amp.probe``). Both are kept float32, and so is every
+    node of a body an excluded node calls (``body_excluded``).
     """
 
     def __init__(
@@ -38,8 +39,9 @@ class Painter:
         lists: OpLists,
         preserve: frozenset[str] = frozenset(),
         slow: frozenset[str] = frozenset(),
+        body_excluded: bool = False,
     ) -> None:
-        self.state = PaintState(view, config, lists, preserve, slow)
+        self.state = PaintState(view, config, lists, preserve, slow, body_excluded)
 
     def paint(self) -> Painting:
         """Run every pass in order and return the painting.

@@ -52,6 +52,7 @@ class PaintState:
         lists: OpLists,
         preserve: frozenset[str] = frozenset(),
         slow: frozenset[str] = frozenset(),
+        body_excluded: bool = False,
     ) -> None:
         self.view = view
         self.config = config
@@ -64,7 +65,7 @@ class PaintState:
         self.cat = list_categories(view, lists)
         # slow: nodes measured slower in the target (tf_amp.probe), kept float32
         self.node_eligible, self.node_block = node_eligibility(
-            view, config, lists, preserve, slow
+            view, config, lists, preserve, slow, body_excluded
         )
         self.half = HalfSupport(view, config, self.target)
 

@@ -21,6 +21,7 @@ from tensorflow.core.framework import graph_pb2
 from tf_amp import ops as native_ops
 from tf_amp._upstream import tensorflow as upstream_tf
 from tf_amp.runtime import _graphdef
+from tf_amp.type_attrs.exclude import mark_callees_of_excluded_calls
 
 _LOG = logging.getLogger("tf_amp")
 _XLA_MUST_COMPILE = "_XlaMustCompile"
@@ -59,6 +60,7 @@ def rebuild_concrete_function(
     graph_def = _graphdef.inputs_as_placeholders(
         graph.as_graph_def(add_shapes=add_shapes), placeholder_names
     )
+    mark_callees_of_excluded_calls(graph_def)  # before inlining drops the call's mark
     graph_def = _graphdef.inline_library(graph_def, keep)
     with _graphdef.naming_graph(graph.name):
         graph_def = rewrite(graph_def, frozenset(fetched))

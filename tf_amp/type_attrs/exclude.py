@@ -28,3 +28,48 @@ def exclude_mark(attrs: Any) -> int:
     if value.b:
         return EXCLUDE_USER
     return EXCLUDE_VIEW if value.s == FLOAT32_VIEW else EXCLUDE_NONE
+
+
+def mark_callees_of_excluded_calls(graph_def: Any) -> int:
+    """Marks excluded (``b=True``) every node of each library function that a marked node
+    calls, transitively; returns how many nodes it marked. Changes ``graph_def`` in place.
+
+    Why: ``tf_amp.keep_float32`` marks the ops built in its own graph, so a nested
+    ``tf.function`` called in the block is one marked call node, and the callee's nodes carry
+    nothing. Inlining (``runtime._graphdef.inline_library``) then replaces the call by the
+    callee's unmarked nodes, which were painted half where the user kept float32. Run before
+    inlining; a function also called from outside the block is kept float32 there too.
+    """
+    functions = {f.signature.name: f for f in graph_def.library.function}
+    if not functions:
+        return 0
+    pending = [
+        callee
+        for nodes in (graph_def.node, *(f.node_def for f in functions.values()))
+        for node in nodes
+        if exclude_mark(node.attr) == EXCLUDE_USER
+        for callee in _called_functions(node, functions)
+    ]
+    done: set[str] = set()
+    marked = 0
+    while pending:
+        name = pending.pop()
+        if name in done:
+            continue
+        done.add(name)
+        for node in functions[name].node_def:
+            if exclude_mark(node.attr) != EXCLUDE_USER:
+                node.attr[EXCLUDE_ATTR].b = True
+                marked += 1
+            pending.extend(_called_functions(node, functions))
+    return marked
+
+
+def _called_functions(node: Any, functions: dict[str, Any]) -> list[str]:
+    found = [node.op] if node.op in functions else []
+    for value in node.attr.values():
+        if value.HasField("func"):
+            found.append(value.func.name)
+        elif value.HasField("list"):
+            found.extend(f.name for f in value.list.func)
+    return [name for name in found if name in functions]
