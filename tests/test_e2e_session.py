@@ -135,6 +135,27 @@ def test_ops_added_later_may_depend_on_ops_that_already_ran() -> None:
         assert sess.rewritten_graph.get_operation_by_name("step").control_inputs
 
 
+def test_ops_added_later_may_be_colocated_with_ops_that_already_ran(tmp_path) -> None:
+    """An ExponentialMovingAverage, or a tf.compat.v1.train.Checkpoint (its save_counter is
+    made on the first save), built after the first run: their ops are colocated with
+    variables already imported, and the import refused them ("expects to be colocated with
+    unknown node")."""
+    with _session_after_one_step() as (net, sess, _, _):
+        with net.graph.as_default():
+            kernel = next(v for v in tf1.global_variables() if v.op.name == "dense/kernel")
+            ema = tf1.train.ExponentialMovingAverage(0.5)
+            update = ema.apply([kernel])
+            average = ema.average(kernel)
+            checkpoint = tf1.train.Checkpoint(step=net.global_step)
+            sess.run(tf1.variables_initializer([average]))
+            sess.run(update)
+            path = checkpoint.save(str(tmp_path / "ckpt"), session=sess)
+        np.testing.assert_array_equal(sess.run(average), sess.run(kernel))
+        colocated = sess.rewritten_graph.get_operation_by_name(average.op.name)
+        assert colocated.colocation_groups() == average.op.colocation_groups()
+    assert tf.train.load_checkpoint(path).get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE") == 1
+
+
 def test_saver_checkpoints_are_interchangeable_with_float32_sessions(tmp_path) -> None:
     net = _net()
     xs, ys = _data()

@@ -102,11 +102,14 @@ class Session(upstream_tf.Session):
                 subset.node.add().CopyFrom(node)
         subset = _graphdef.rename_library_functions(subset) if frozen else subset
         input_map, controls = self._external_inputs(subset, existing)
+        colocations = _take_external_colocations(subset)
         with self._amp_graph.as_default():
             tf.graph_util.import_graph_def(subset, input_map=input_map, name="")
         get_op = self._amp_graph.get_operation_by_name
         for node_name, op_name in controls:
             get_op(node_name)._add_control_input(get_op(op_name))  # noqa: SLF001
+        for node_name, value in colocations:
+            get_op(node_name)._set_attr(_COLOCATION_ATTR, value)  # noqa: SLF001
         self._amp_imported |= {n.name for n in graph_def.node}
 
     def _external_inputs(
@@ -292,3 +295,30 @@ class SessionModuleShim:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._real, name)
+
+
+_COLOCATION_ATTR = "_class"  # ["loc:@op", ...]: place this node with those ops
+
+
+def _take_external_colocations(subset: graph_pb2.GraphDef) -> list[tuple[str, Any]]:
+    """Takes out of ``subset`` the colocation attrs that name ops outside it; returns them,
+    to be set back once the subset is imported.
+
+    An op added after the session's first run (an ``ExponentialMovingAverage``, a
+    ``tf.compat.v1.train.Checkpoint``'s lazily made ``save_counter``, slots) is often
+    colocated with a variable imported earlier, and the importer refuses a colocation with a
+    node that is not in what it imports ("expects to be colocated with unknown node").
+    """
+    inside = {node.name for node in subset.node}
+    taken = []
+    for node in subset.node:
+        value = node.attr.get(_COLOCATION_ATTR)
+        if value is None:
+            continue
+        names = [entry.decode()[len("loc:@"):] for entry in value.list.s]
+        if any(name not in inside for name in names):
+            kept = type(value)()
+            kept.CopyFrom(value)
+            taken.append((node.name, kept))
+            del node.attr[_COLOCATION_ATTR]
+    return taken
