@@ -156,6 +156,36 @@ def test_ops_added_later_may_be_colocated_with_ops_that_already_ran(tmp_path) ->
     assert tf.train.load_checkpoint(path).get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE") == 1
 
 
+def test_composite_and_dict_like_fetches_and_feeds_match_a_plain_session() -> None:
+    """A RaggedTensor fetch came back as its flat values alone (its graph element), silently
+    losing the rows; IndexedSlices (the gradient of a gather), a ragged placeholder's feed
+    and a defaultdict of fetches raised TypeErrors."""
+    graph = tf.Graph()
+    with graph.as_default():
+        table = tf1.get_variable("table", [5, 4], initializer=tf1.ones_initializer())
+        rows = tf.gather(table, [0, 2, 2])
+        slices = tf.gradients(tf.reduce_sum(tf.matmul(rows, tf.ones([4, 4]))), [table])[0]
+        ragged = tf.RaggedTensor.from_row_lengths(tf.range(5.0), [2, 3])
+        fed = tf1.ragged.placeholder(tf.float32, 1, [])
+        sums = tf.reduce_sum(fed, axis=1)
+        init = tf1.global_variables_initializer()
+    fetches = collections.defaultdict(list, {"slices": slices, "ragged": ragged})
+    feed = {fed: tf1.ragged.RaggedTensorValue(np.array([1.0, 2.0, 3.0, 4.0, 5.0], np.float32),
+                                              np.array([0, 2, 5], np.int64))}
+    results = []
+    for session_class in (tf1.Session, tf_amp.Session):
+        with session_class(graph=graph) as sess:
+            sess.run(init)
+            results.append((sess.run(fetches), sess.run(sums, feed)))
+    (plain, plain_sums), (ours, our_sums) = results
+    assert type(ours) is collections.defaultdict and ours.default_factory is list
+    assert type(ours["ragged"]) is type(plain["ragged"])
+    assert ours["ragged"].to_list() == plain["ragged"].to_list() == [[0.0, 1.0], [2.0, 3.0, 4.0]]
+    np.testing.assert_array_equal(ours["slices"].values, plain["slices"].values)
+    np.testing.assert_array_equal(ours["slices"].indices, plain["slices"].indices)
+    np.testing.assert_array_equal(our_sums, plain_sums)
+
+
 def test_saver_checkpoints_are_interchangeable_with_float32_sessions(tmp_path) -> None:
     net = _net()
     xs, ys = _data()

@@ -24,6 +24,7 @@ Cast a preserved node would get does). The rewritten graph itself stays the same
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 from collections.abc import Mapping
@@ -33,6 +34,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 from tensorflow.core.protobuf import config_pb2
+from tensorflow.python.framework.composite_tensor import CompositeTensor
 
 from tf_amp._upstream import tensorflow as upstream_tf
 from tf_amp.runtime import _graphdef
@@ -157,12 +159,17 @@ class Session(upstream_tf.Session):
             return self._amp_graph.get_operation_by_name(fetch.name)
         if isinstance(fetch, tf.Tensor):
             return self._amp_graph.get_tensor_by_name(fetch.name)
-        if isinstance(fetch, tf.SparseTensor):
-            return tf.SparseTensor(
-                self._map(fetch.indices), self._map(fetch.values), self._map(fetch.dense_shape)
-            )
+        if isinstance(fetch, CompositeTensor):
+            # SparseTensor, RaggedTensor, IndexedSlices: the same kind of value made of the
+            # private graph's components (a RaggedTensor's graph element is its flat values
+            # alone, so the generic path below returned those without their row structure).
+            with self._amp_graph.as_default():
+                return tf.nest.map_structure(self._map, fetch, expand_composites=True)
         if isinstance(fetch, Mapping):
-            return type(fetch)((k, self._map(v)) for k, v in fetch.items())
+            items = ((k, self._map(v)) for k, v in fetch.items())
+            if isinstance(fetch, collections.defaultdict):
+                return type(fetch)(fetch.default_factory, items)
+            return type(fetch)(items)
         if isinstance(fetch, tuple) and hasattr(fetch, "_fields"):
             return type(fetch)(*(self._map(v) for v in fetch))
         if isinstance(fetch, (list, tuple)):
