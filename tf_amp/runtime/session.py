@@ -34,7 +34,6 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 from tensorflow.core.protobuf import config_pb2
-from tensorflow.python.framework.composite_tensor import CompositeTensor
 
 from tf_amp._upstream import tensorflow as upstream_tf
 from tf_amp.runtime import _graphdef
@@ -159,10 +158,10 @@ class Session(upstream_tf.Session):
             return self._amp_graph.get_operation_by_name(fetch.name)
         if isinstance(fetch, tf.Tensor):
             return self._amp_graph.get_tensor_by_name(fetch.name)
-        if isinstance(fetch, CompositeTensor):
-            # SparseTensor, RaggedTensor, IndexedSlices: the same kind of value made of the
-            # private graph's components (a RaggedTensor's graph element is its flat values
-            # alone, so the generic path below returned those without their row structure).
+        if isinstance(fetch, _COMPOSITE_FETCHES):
+            # The same kind of value made of the private graph's components (a RaggedTensor's
+            # graph element is its flat values alone, so the generic path below returned those
+            # without their row structure). Not any CompositeTensor: a variable is one too.
             with self._amp_graph.as_default():
                 return tf.nest.map_structure(self._map, fetch, expand_composites=True)
         if isinstance(fetch, Mapping):
@@ -303,6 +302,8 @@ class SessionModuleShim:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._real, name)
 
+
+_COMPOSITE_FETCHES = (tf.SparseTensor, tf.RaggedTensor, tf.IndexedSlices)
 
 _COLOCATION_ATTR = "_class"  # ["loc:@op", ...]: place this node with those ops
 
