@@ -96,6 +96,7 @@ def _patched_attributes() -> list[tuple[Any, str]]:
         (tf, "function"),
         (tf.compat.v1, "Session"),
         (tf.compat.v1, "InteractiveSession"),
+        (tf.compat.v1, "disable_eager_execution"),
         (session_manager, "session"),
         (tf.GradientTape, "gradient"),
         (v1_opt, "minimize"),
@@ -510,6 +511,39 @@ def test_env_tf1_adam_in_the_global_graph_trains_and_exports(tmp_path: Path) -> 
     first, last, steps = (float(v) for v in out.split("trained:")[1].split()[:3])
     assert last < 0.1 * first and 30 <= steps <= 40  # the first overflows may be skipped
     assert "meta graph imported" in out
+
+
+TF1_OWN_MIXED_PRECISION_SCRIPT = """
+    import numpy as np, tensorflow as tf
+    tf1 = tf.compat.v1
+    tf1.disable_eager_execution()
+    x = tf1.placeholder(tf.float32, [None, 4])
+    w = tf1.get_variable("w", [4, 1], initializer=tf1.constant_initializer(0.1))
+    loss = tf.reduce_mean(tf.square(tf.matmul(x, w) - 1.0))
+    step = tf1.train.get_or_create_global_step()
+    opt = tf1.mixed_precision.enable_mixed_precision_graph_rewrite(
+        tf1.train.MomentumOptimizer(0.05, 0.9))
+    train_op = opt.minimize(loss, global_step=step)
+    with tf1.Session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        for _ in range(20):
+            sess.run(train_op, {x: np.ones((4, 4), np.float32)})
+        print("steps:", sess.run(step), "scale:", sess.run(opt._loss_scale()))
+    print("tf_amp scales:", [v.op.name for v in tf1.global_variables()
+                             if "loss_scale_scale" in v.op.name])
+"""
+
+
+def test_env_leaves_tf1s_own_loss_scale_optimizer_to_itself(tmp_path: Path) -> None:
+    """TF1's ``enable_mixed_precision_graph_rewrite(opt)`` returns TensorFlow's
+    ``MixedPrecisionLossScaleOptimizer``, which scales the loss itself; the environment
+    wrapped it again, the two scales overflowed float16 and tf_amp's scale fell to its floor
+    skipping the first 15 of 20 steps. (In the implicit global graph it also failed at
+    ``minimize``, its cond's state lifted to the eager context the activation had made.)"""
+    script = _write(tmp_path, "tf1_own.py", TF1_OWN_MIXED_PRECISION_SCRIPT)
+    out = _run(script, tmp_path, {ENV_ENABLE: "1"})
+    assert "steps: 20 scale: 32768.0" in out
+    assert "tf_amp scales: []" in out
 
 
 FIRST_IMPORT_SCRIPT = """

@@ -31,6 +31,7 @@ def _activation_keys() -> set[tuple[Any, str]]:
         (tf, "function"),
         (tf.compat.v1, "Session"),
         (tf.compat.v1, "InteractiveSession"),
+        (tf.compat.v1, "disable_eager_execution"),
         (upstream_tf.session_manager, "session"),
         (tf.GradientTape, "gradient"),
         (v1_opt, "minimize"),

@@ -42,6 +42,11 @@ Loss scaling for unmodified scripts (``tf_amp.runtime.auto_loss_scale*``)
   * ``variables._all_saveable_objects`` -- what a ``Saver`` built without ``var_list`` saves,
     to build its twin without the loss-scale state.
   * ``AUTOGRAPH_MODULE`` -- AutoGraph's frames, skipped when asking who called a patched method.
+  * ``context.context_safe().context_switches`` -- the eager context's stack of contexts that
+    ``init_scope`` lifts to (:func:`forget_eager_outer_context`). The activation makes the
+    eager context while a TF1 script is still eager (its device query), and
+    ``disable_eager_execution`` leaves the eager entry made then on that stack, which a TF1
+    script without the activation never has; no public API clears it.
 
 Optimizer wrappers (``tf_amp.optimizers``)
   * ``summary_ops_v2.has_default_writer`` -- ``tf.summary`` has no public test for a default
@@ -177,6 +182,29 @@ def restoring_child_names(trackable: Any) -> frozenset[str] | None:
     return None
 
 
+def forget_eager_outer_context() -> None:
+    """After ``disable_eager_execution``: drops the eager entry the eager context put at the
+    bottom of its context-switch stack when it was made while eager execution was on.
+
+    ``init_scope`` in a function graph (a ``cond_v2`` branch) lifts to the innermost entry
+    that builds no function; with this one left over, TF1 optimizers' state made there
+    (Adam's ``beta1_power``, TensorFlow's ``MixedPrecisionLossScaleOptimizer``'s counters) was
+    made eagerly, and the branch failed with "Attempting to capture an EagerTensor without
+    building a function". A context made after ``disable_eager_execution`` has no such
+    entry; only that exact, lone entry is dropped.
+    """
+    current = context.context_safe()
+    if current is None or current.executing_eagerly():
+        return
+    switches = current.context_switches
+    if (
+        len(switches.stack) == 1
+        and not switches.stack[0].is_building_function
+        and switches.stack[0].enter_context_fn is context.eager_mode
+    ):
+        switches.pop()
+
+
 def add_function_def(function_def: Any) -> None:
     """Registers a FunctionDef with the eager runtime, which resolves calls by name."""
     context.context().add_function_def(function_def)
@@ -224,6 +252,7 @@ __all__ = [
     "could_possibly_record",
     "dtypes",
     "fingerprinting",
+    "forget_eager_outer_context",
     "has_default_summary_writer",
     "kernels",
     "op_def_registry",

@@ -171,6 +171,9 @@ def _patch_tensorflow(tf: Any) -> None:
             _patch(tf.compat.v1, "Session", lambda _: session.Session)
             _patch(tf.compat.v1, "InteractiveSession", lambda _: session.InteractiveSession)
             _patch(upstream_tf.session_manager, "session", session.SessionModuleShim)
+        # The activation made the eager context above (its device query) before the script
+        # could disable eager execution: TF1 scripts then need its eager entry gone.
+        _patch(tf.compat.v1, "disable_eager_execution", _disable_eager_execution_patch)
         if active.loss_scaling:
             from tf_amp.runtime import auto_loss_scale, auto_loss_scale_v1
 
@@ -184,6 +187,20 @@ def _patch_tensorflow(tf: Any) -> None:
             saver = tf.compat.v1.train.Saver
             _patch(saver, "__init__", auto_loss_scale_v1.saver_init_patch)
             _patch(saver, "restore", auto_loss_scale_v1.saver_restore_patch)
+
+
+def _disable_eager_execution_patch(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``tf.compat.v1.disable_eager_execution`` that leaves the context as it would be had
+    nothing made it before (``_upstream.tensorflow.forget_eager_outer_context``)."""
+    from tf_amp._upstream import tensorflow as upstream_tf
+
+    def disable_eager_execution() -> None:
+        original()
+        upstream_tf.forget_eager_outer_context()
+
+    disable_eager_execution.__wrapped__ = original  # type: ignore[attr-defined]
+    disable_eager_execution.__doc__ = original.__doc__
+    return disable_eager_execution
 
 
 def _patch_keras(keras: Any) -> None:

@@ -59,8 +59,14 @@ def _inside_wrapper() -> Iterator[None]:
 
 
 def _passes_through(optimizer: Any) -> bool:
+    """True for an optimizer that scales its loss itself (tf_amp's wrapper, or TensorFlow's
+    own ``MixedPrecisionLossScaleOptimizer`` that TF1's
+    ``tf.compat.v1.mixed_precision.enable_mixed_precision_graph_rewrite`` returns: wrapped
+    again, its loss was scaled twice, and tf_amp's scale fell to its floor skipping the first
+    15 steps), and for the inner optimizer's calls from inside a wrapper."""
     return (
         is_tf_amp_wrapper(optimizer)
+        or isinstance(optimizer, tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer)
         or getattr(_LOCAL, "depth", 0) > 0
     )
 
