@@ -275,7 +275,7 @@ class V1LossScaleOptimizer(_V1Optimizer):
         # As TF1's own apply_gradients does (the inner one's op, in the cond's branch, was
         # kept out of the outer graph's collections).
         train_ops = tf.compat.v1.get_collection_ref(tf.compat.v1.GraphKeys.TRAIN_OP)
-        if train_op not in train_ops:
+        if not any(op is train_op for op in train_ops):  # `in` would compare tensors with ==
             train_ops.append(train_op)
         return train_op
 
