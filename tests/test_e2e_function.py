@@ -458,18 +458,29 @@ def test_a_custom_gradient_under_an_outer_tape_runs_float32(caplog) -> None:
     assert "MatMul" in half_ops_of_functions(step.concrete_functions())
 
 
-def test_the_op_that_marks_a_custom_gradient_stays_float32() -> None:
-    """``tf.custom_gradient``'s IdentityN is on the clear list, and was painted half between
-    half ops: a graph differentiated after the rewrite (a SavedModel rewritten by ``tf-amp
-    rewrite``, then trained) handed the float32 gradient function a half tensor."""
-    _, x, model = _custom_gradient_model()
-    graph_def = tf.function(model).get_concrete_function(x).graph.as_graph_def()
-    result = tf_amp.rewrite_graph_def(graph_def, RewriteConfig(target_dtype="float16"))
-    marks = [n for n in result.graph_def.node if "_gradient_op_type" in n.attr]
+def test_the_op_that_marks_a_saved_custom_gradient_stays_float32(tmp_path) -> None:
+    """A SavedModel holds its custom gradients' functions. ``tf.custom_gradient``'s IdentityN
+    (clear list) was painted half between half ops, so the model rewritten by ``tf-amp
+    rewrite`` and then differentiated handed the float32 gradient function a half tensor
+    ("Expects arg[0] to be float but half is provided")."""
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    w, x, model = _custom_gradient_model()
+    module = tf.Module()
+    module.w = w
+    module.forward = tf.function(model, input_signature=[tf.TensorSpec(x.shape, tf.float32)])
+    tf.saved_model.save(module, str(tmp_path))
+    saved = saved_model_pb2.SavedModel.FromString((tmp_path / "saved_model.pb").read_bytes())
+    graph_def = saved.meta_graphs[0].graph_def
+    assert graph_def.library.registered_gradients  # the gradient function travels with it
+    out = tf_amp.rewrite_graph_def(graph_def, RewriteConfig(target_dtype="float16")).graph_def
+    nodes = [n for f in out.library.function for n in f.node_def]
+    marks = [n for n in nodes if "_gradient_op_type" in n.attr]
     assert marks and all(
         t == tf.float32.as_datatype_enum for n in marks for t in n.attr["T"].list.type
     )
-    assert "MatMul" in {n.op for n in result.graph_def.node if n.attr["T"].type == tf.half}
+    assert any(n.op == "MatMul" and n.attr["T"].type == tf.half for n in nodes)
+
 
 METHOD_SCRIPT = """
 import tensorflow as tf, tf_amp

@@ -160,6 +160,11 @@ def _rewrite(
             where = f" (in function {name!r})" if name else ""
             raise GraphRewriteError(f"{err}{where}") from None
 
+    saved_gradient_types = frozenset(
+        g.registered_op_type for g in out.library.registered_gradients
+    )
+    for view in views:
+        view.saved_gradient_types = saved_gradient_types
     excluded_bodies = functions_called_from_excluded_nodes(
         [(name, view) for (name, _, _), view in zip(bodies, views, strict=True)], config
     )

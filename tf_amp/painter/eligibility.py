@@ -140,7 +140,7 @@ def node_eligibility(
             block = Block.STATE
         elif op in DTYPE_BOUND_OPS:
             block = Block.DTYPE_BOUND
-        elif op == "IdentityN" and "_gradient_op_type" in view.protos[n].attr:
+        elif op == "IdentityN" and _marks_a_saved_custom_gradient(view, n):
             block = Block.CUSTOM_GRADIENT
         elif info.is_function or info.has_func_attr:
             block = Block.FUNCTION
@@ -165,6 +165,18 @@ def node_eligibility(
     for n in range(view.num_real, len(view.names)):
         node_block[n] = Block.FUNCTION_BOUNDARY
     return node_eligible, node_block
+
+
+def _marks_a_saved_custom_gradient(view: BodyView, n: int) -> bool:
+    """True for the op marking a ``tf.custom_gradient`` whose gradient function the graph's
+    library holds (a SavedModel exports it): differentiated after the rewrite, that float32
+    function would get this op's half tensors. A graph traced in the process holds none
+    (its gradients are built at trace time, or, under a tape outside a tf_amp function, the
+    call runs float32: ``runtime.function``), and TensorFlow's pass paints the op freely."""
+    if not view.saved_gradient_types:
+        return False
+    mark = view.protos[n].attr.get("_gradient_op_type")
+    return mark is not None and mark.s.decode() in view.saved_gradient_types
 
 
 def _block_guarded_nodes(

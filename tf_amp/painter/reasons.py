@@ -119,9 +119,9 @@ class Block(str, enum.Enum):
     )
     CUSTOM_GRADIENT = (
         "custom-gradient",
-        "marks a tf.custom_gradient, whose gradient function TensorFlow calls with this op's "
-        "dtypes when the rewritten function is differentiated; written for float32, it "
-        "would get half tensors: kept float32",
+        "marks a tf.custom_gradient whose gradient function the library holds (a "
+        "SavedModel's); TensorFlow calls it with this op's dtypes when the rewritten graph "
+        "is differentiated, and, written for float32, it would get half tensors: kept float32",
     )
     FUNCTION = (
         "function",

@@ -86,6 +86,10 @@ class BodyView:
     # (EXCLUDE_NOT_READ: look at the proto; else ``exclude_mark``). Saves the painter a second
     # sweep over the attr maps, which costs more per node the bigger the graph (cache misses).
     exclude_attr: bytearray = field(default_factory=bytearray)
+    # The tf.custom_gradient registry keys whose gradient functions the GraphDef's library
+    # holds (a SavedModel's): TensorFlow calls those with the marking op's dtypes when the
+    # rewritten graph is differentiated. Set by the rewriter for every body of a graph.
+    saved_gradient_types: frozenset[str] = frozenset()
 
     @property
     def num_vertices(self) -> int:
