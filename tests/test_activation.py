@@ -546,6 +546,34 @@ def test_env_leaves_tf1s_own_loss_scale_optimizer_to_itself(tmp_path: Path) -> N
     assert "tf_amp scales: []" in out
 
 
+TF1_REFERENCE_VARIABLES_SCRIPT = """
+    import numpy as np, tensorflow as tf
+    tf1 = tf.compat.v1
+    tf1.disable_eager_execution()
+    x = tf1.placeholder(tf.float32, [None, 4])
+    w = tf1.get_variable("w", [4, 1], initializer=tf1.constant_initializer(0.1),
+                         use_resource=False)
+    loss = tf.reduce_mean(tf.square(tf.matmul(x, w) - 1.0))
+    train_op = tf1.train.MomentumOptimizer(0.05, 0.9).minimize(loss)
+    with tf1.Session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        for _ in range(10):
+            sess.run(train_op, {x: np.ones((2, 4), np.float32)})
+        print("loss:", sess.run(loss, {x: np.ones((2, 4), np.float32)}))
+"""
+
+
+def test_env_tf1_reference_variables_train(tmp_path: Path) -> None:
+    """``use_resource=False``: the apply-or-skip cond (control flow v2 after
+    ``disable_eager_execution()``) captured the reference variable by value, and Momentum's
+    update failed to build ("expected float32_ref"). Such a cond is now built with TF1's
+    control flow; the loss matches the same script without tf_amp."""
+    script = _write(tmp_path, "ref_vars.py", TF1_REFERENCE_VARIABLES_SCRIPT)
+    plain = float(_run(script, tmp_path, {}).split("loss:")[1].split()[0])
+    mixed = float(_run(script, tmp_path, {ENV_ENABLE: "1"}).split("loss:")[1].split()[0])
+    assert abs(mixed - plain) < 0.02 * plain + 1e-3, (mixed, plain)
+
+
 FIRST_IMPORT_SCRIPT = """
     import sys
     module = sys.argv[1]

@@ -14,12 +14,14 @@ Typical use::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import tensorflow as tf
 
 from tf_amp import loss_scale as loss_scale_lib
+from tf_amp._upstream import tensorflow as upstream_tf
 from tf_amp.loss_scale import LossScale, LossScaleState
 from tf_amp.ops import unscale_and_check_finite
 from tf_amp.optimizers import _apply_or_skip, _common, _summaries
@@ -257,14 +259,15 @@ class V1LossScaleOptimizer(_V1Optimizer):
             )
             return distribution.group(per_replica) if per_replica is not None else None
 
-        applied = _apply_or_skip.apply_or_skip(
-            finite,
-            apply_fn,
-            self._policy,
-            self._state_vars,
-            self.floor_warning_skips,
-            self.max_consecutive_skips,
-        )
+        with _v1_control_flow_for_reference_variables([v for _, v in grads_and_vars]):
+            applied = _apply_or_skip.apply_or_skip(
+                finite,
+                apply_fn,
+                self._policy,
+                self._state_vars,
+                self.floor_warning_skips,
+                self.max_consecutive_skips,
+            )
         step = global_step if global_step is not None else tf.summary.experimental.get_step()
         if step is not None:
             with tf.control_dependencies([applied]):
@@ -286,6 +289,33 @@ class V1LossScaleOptimizer(_V1Optimizer):
     _resource_apply_dense = _apply_dense
     _resource_apply_sparse = _apply_dense
     _apply_sparse = _apply_dense
+
+
+@contextlib.contextmanager
+def _v1_control_flow_for_reference_variables(variables: list[Any]) -> Iterator[None]:
+    """Builds the apply-or-skip ``cond`` with TF1 control flow (Switch / Merge) when a variable
+    is a reference variable (``use_resource=False``) in a graph that is no function.
+
+    A control-flow-v2 ``cond`` captures its inputs by value, so a reference variable reached
+    its update op as a plain float32 tensor, and the update ("expected float32_ref") failed to
+    build: an unmodified TF1 script with such variables failed under the environment.
+    ``tf.compat.v1.disable_v2_behavior()`` builds this cond the same way.
+    """
+    graph = tf.compat.v1.get_default_graph()
+    if (
+        tf.executing_eagerly()
+        or graph.building_function
+        or not any(getattr(v.dtype, "_is_ref_dtype", False) for v in variables)
+    ):
+        yield
+        return
+    flow = upstream_tf.control_flow_util
+    saved = flow.ENABLE_CONTROL_FLOW_V2
+    flow.ENABLE_CONTROL_FLOW_V2 = False
+    try:
+        yield
+    finally:
+        flow.ENABLE_CONTROL_FLOW_V2 = saved
 
 
 def _with_scale(scale: tf.Tensor) -> LossScaleState:
