@@ -574,6 +574,47 @@ def test_env_tf1_reference_variables_train(tmp_path: Path) -> None:
     assert abs(mixed - plain) < 0.02 * plain + 1e-3, (mixed, plain)
 
 
+TF1_META_GRAPH_SCRIPT = """
+    import sys
+    import numpy as np, tensorflow as tf
+    tf1 = tf.compat.v1
+    tf1.disable_eager_execution()
+    xs = np.linspace(-1, 1, 16, dtype=np.float32).reshape(4, 4)
+    if sys.argv[1] == "save":
+        x = tf1.placeholder(tf.float32, [None, 4], name="x")
+        w = tf1.get_variable("w", [4, 1], initializer=tf1.constant_initializer(0.1))
+        loss = tf.identity(tf.reduce_mean(tf.square(tf.matmul(x, w) - 1.0)), name="loss")
+        train_op = tf1.train.MomentumOptimizer(0.05, 0.9).minimize(loss)
+        saver = tf1.train.Saver()
+        with tf1.Session() as sess:
+            sess.run(tf1.global_variables_initializer())
+            for _ in range(5):
+                sess.run(train_op, {x: xs})
+            saver.save(sess, "ckpt")
+            print("saved loss:", sess.run(loss, {x: xs}))
+    else:  # a new process: the graph comes from the meta graph alone
+        saver = tf1.train.import_meta_graph("ckpt.meta")
+        with tf1.Session() as sess:
+            saver.restore(sess, "ckpt")
+            print("restored loss:", sess.run("loss:0", {"x:0": xs}))
+            for _ in range(5):
+                sess.run(tf1.get_collection("train_op")[0], {"x:0": xs})
+            print("trained loss:", sess.run("loss:0", {"x:0": xs}))
+"""
+
+
+def test_env_tf1_meta_graph_of_a_loss_scaled_run_loads_in_a_new_process(tmp_path: Path) -> None:
+    """The meta graph a loss-scaled TF1 run writes holds the fused unscale op; a new process
+    under the environment imported it before anything had loaded the op's library ("Op type
+    not registered 'TfAmpUnscaleAndCheckFinite'"). The activation loads it."""
+    script = _write(tmp_path, "meta.py", TF1_META_GRAPH_SCRIPT)
+    saved = _run_args(script, ["save"], tmp_path, {ENV_ENABLE: "1"})
+    loaded = _run_args(script, ["load"], tmp_path, {ENV_ENABLE: "1"})
+    saved_loss = float(saved.split("saved loss:")[1].split()[0])
+    assert float(loaded.split("restored loss:")[1].split()[0]) == saved_loss
+    assert float(loaded.split("trained loss:")[1].split()[0]) < saved_loss
+
+
 FIRST_IMPORT_SCRIPT = """
     import sys
     module = sys.argv[1]
