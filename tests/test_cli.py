@@ -193,6 +193,36 @@ def test_more_bad_input_gives_a_clear_error(
     assert "error" in capsys.readouterr().err
 
 
+def test_paths_of_the_wrong_kind_are_refused_in_words(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An empty file was "rewritten" as a GraphDef of nothing (a 0-byte output); an OUT that is
+    a symbolic link passed the checks and failed after the whole rewrite ("Cannot call rmtree
+    on a symbolic link"); other path errors read "[Errno 17] File exists: ...". """
+    empty = tmp_path / "empty.pb"
+    empty.write_bytes(b"")
+    assert cli.main(["rewrite", str(empty), str(tmp_path / "out.pb")]) == 2
+    assert "is empty: not a GraphDef" in capsys.readouterr().err
+    assert not (tmp_path / "out.pb").exists()
+
+    source = tmp_path / "model"
+    _saved_model(source)
+    (tmp_path / "real_out").mkdir()
+    (tmp_path / "link_out").symlink_to(tmp_path / "real_out")
+    assert cli.main(["rewrite", str(source), str(tmp_path / "link_out")]) == 2
+    assert "is a symbolic link" in capsys.readouterr().err
+
+    good = tmp_path / "in.pb"
+    cli.write_graph_def(_matmul_graph_def(), str(good))
+    (tmp_path / "a_file").write_text("x")
+    assert cli.main(["rewrite", str(good), str(tmp_path / "a_file" / "out.pb")]) == 2
+    err = capsys.readouterr().err
+    assert "a file is in the way of a directory" in err and "Errno" not in err
+    assert cli.main(["probe", str(source)]) == 2
+    err = capsys.readouterr().err
+    assert "is a directory; a file is expected" in err and "Errno" not in err
+
+
 def test_inspect_skips_files_that_only_share_a_log_prefix(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -59,8 +59,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.handler(args) or 0)
     except (ValueError, OSError) as error:  # bad input, missing / wrong kind of path
-        print(f"tf-amp {args.command}: error: {error}", file=sys.stderr)
+        print(f"tf-amp {args.command}: error: {_in_words(error)}", file=sys.stderr)
         return 2
+
+
+_PATH_ERRORS = {  # errno name -> what it means for a path given to tf-amp
+    "EEXIST": "a file is in the way of a directory that must be made",
+    "EISDIR": "is a directory; a file is expected (a SavedModel's directory goes to "
+              "tf-amp rewrite)",
+    "ENOTDIR": "a file is in the way of a directory in this path",
+    "ENOENT": "no such file or directory",
+    "EACCES": "permission denied",
+}
+
+
+def _in_words(error: Exception) -> str:
+    """An OSError as the path it concerns and what is wrong with it, not ``[Errno 17] ...``."""
+    if not isinstance(error, OSError) or error.filename is None or error.errno is None:
+        return str(error)
+    import errno
+
+    meaning = _PATH_ERRORS.get(errno.errorcode.get(error.errno, ""), error.strerror)
+    return f"{error.filename}: {meaning}"
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -15,6 +15,8 @@ def read_graph_def(path: str) -> Any:
 
     graph_def = graph_pb2.GraphDef()
     data = read_bytes(path)
+    if not data.strip():  # parses as a GraphDef of nothing, and would be "rewritten" as one
+        raise ValueError(f"{path} is empty: not a GraphDef")
     if path.endswith(TEXT_SUFFIXES):
         try:
             text_format.Parse(data.decode("utf-8"), graph_def)

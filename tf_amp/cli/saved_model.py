@@ -92,6 +92,8 @@ def _read_saved_model(pb_path: str) -> Any:
 
 def _check_saved_model_target(source: str, target: str) -> None:
     """Refuses an OUT whose replacement would destroy IN or files that are not ours."""
+    if os.path.islink(target):  # replaced as a whole: rmtree refuses a link, after the work
+        raise FileExistsError(f"OUT {target} is a symbolic link; give the directory itself")
     source_path, target_path = os.path.realpath(source), os.path.realpath(target)
     if source_path == target_path:
         raise ValueError("OUT must differ from IN (the SavedModel is copied, not edited)")
