@@ -46,6 +46,7 @@ from typing import Any
 from tf_amp.runtime import _state, settings
 from tf_amp.runtime._patches import ACTIVATION, REGISTRY
 from tf_amp.runtime._post_import import PostImportHook
+from tf_amp.runtime._user_callers import LIBRARY_MODULES, is_user_caller
 from tf_amp.runtime.settings import (  # noqa: F401 - re-exported: the names users know
     ENV_ENABLE,
     ENV_GRAPH_REWRITE,
@@ -59,7 +60,6 @@ from tf_amp.runtime.settings import (  # noqa: F401 - re-exported: the names use
 _LOG = logging.getLogger("tf_amp")
 
 # Modules whose functions stay plain ``tf.function`` when the rewrite patches ``tf.function``.
-_LIBRARY_MODULES = frozenset({"tensorflow", "keras", "tf_keras", "tf_amp", "absl", "tensorboard"})
 
 _hook: PostImportHook | None = None
 _patched_modules: set[str] = set()
@@ -242,7 +242,7 @@ def _for_user_callers(
     """A registry factory for a patch that acts only when user code calls it."""
     factory = _USER_CALLER_FACTORIES.get(make)
     if factory is None:
-        factory = _USER_CALLER_FACTORIES[make] = lambda original: make(original, _is_user_caller)
+        factory = _USER_CALLER_FACTORIES[make] = lambda original: make(original, is_user_caller)
     return factory
 
 
@@ -291,104 +291,4 @@ def _make_function_patch(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def _is_library_object(func: Any) -> bool:
     module = getattr(func, "__module__", None) or ""
-    return module.split(".")[0] in _LIBRARY_MODULES
-
-
-def _is_user_caller(depth: int = 2) -> bool:
-    """True when the code calling (``depth`` frames up) is user code, not TF/Keras/tf_amp.
-
-    AutoGraph routes calls inside a converted function through its own ``converted_call``;
-    those frames are skipped so the user's converted function is the one that decides.
-    Keras 3's ``train_step`` run for a model with a ``train_step`` of its own (through
-    ``super().train_step(data)``) counts as user code: see :func:`_framework_step_for_own_step`.
-    """
-    from tf_amp._upstream.tensorflow import AUTOGRAPH_MODULE
-
-    frame = sys._getframe(depth)  # noqa: SLF001
-    while frame is not None:
-        module = frame.f_globals.get("__name__", "") or ""
-        if not module.startswith(AUTOGRAPH_MODULE):
-            if module.split(".")[0] not in _LIBRARY_MODULES:
-                return True
-            if module == _KERAS_TRAINER_MODULE:
-                return _is_framework_step_for_an_own_step(frame)
-            if module.startswith("tf_keras."):
-                return _is_tf_keras_minimize_for_the_user(frame, AUTOGRAPH_MODULE)
-            return False
-        frame = frame.f_back
-    return False
-
-
-_KERAS_TRAINER_MODULE = "keras.src.backend.tensorflow.trainer"
-
-
-def _is_framework_step_for_an_own_step(frame: Any) -> bool:
-    """True when ``frame`` is Keras 3's or tf_keras's own ``train_step`` running for a model
-    that has a ``train_step`` of its own, i.e. called through ``super().train_step(data)``.
-
-    ``compile`` left such a model's optimizer unwrapped (an own step written for float32 does
-    not call ``scale_loss``; ``auto_loss_scale_fit.wrap_on_compile``), so the loss is scaled
-    at the ``tape.gradient`` call, as in the user's own code; were the framework's call left
-    alone, nothing would scale that step and its float16 gradients would underflow. Keras 3's
-    step still calls the optimizer's ``scale_loss`` first, so a loss an explicit wrapper (or
-    ``loss_scale_factor``) scaled is marked and left to it.
-    """
-    from tf_amp.runtime._own_train_step import has_own_train_step
-
-    steps = []
-    if frame.f_globals.get("__name__") == _KERAS_TRAINER_MODULE:
-        from tf_amp._upstream.keras import TensorFlowTrainer
-
-        steps.append(TensorFlowTrainer.train_step.__code__)
-    else:
-        from tf_amp._upstream import tf_keras
-
-        steps.append(tf_keras.model_class().train_step.__code__)
-    if frame.f_code not in steps:
-        return False
-    model = frame.f_locals.get("self")
-    return model is not None and has_own_train_step(model)
-
-
-_TF_KERAS_GRADIENT_METHODS = ("compute_gradients", "_compute_gradients", "_get_gradients")
-
-
-def _is_tf_keras_minimize_for_the_user(frame: Any, autograph_module: str) -> bool:
-    """True when ``frame`` computes gradients inside a plain tf_keras optimizer's ``minimize``
-    that user code called (``optimizer.minimize(loss, vars, tape=tape)`` in a step of its
-    own), or tf_keras's own ``train_step`` called for a model with a step of its own.
-
-    Both leave the optimizer unwrapped, so the ``tape.gradient`` call inside ``minimize`` is
-    the user's: scaled here, its flag taken by the patched ``apply_gradients`` that
-    ``minimize`` calls next. A loss-scale wrapper's ``minimize`` is left to the wrapper.
-    """
-    if frame.f_code.co_name not in _TF_KERAS_GRADIENT_METHODS:
-        return False
-    optimizer = frame.f_locals.get("self")
-    minimize = frame.f_back
-    while (  # legacy: minimize -> _compute_gradients -> _get_gradients -> tape.gradient
-        minimize is not None
-        and minimize.f_code.co_name in _TF_KERAS_GRADIENT_METHODS
-        and minimize.f_locals.get("self") is optimizer
-    ):
-        minimize = minimize.f_back
-    if (
-        minimize is None
-        or minimize.f_code.co_name != "minimize"
-        or minimize.f_locals.get("self") is not optimizer
-    ):
-        return False
-    from tf_amp._upstream import tf_keras
-
-    if tf_keras.is_tf_keras_loss_scale_optimizer(optimizer):  # tf_keras's own, or tf_amp's
-        return False
-    caller = minimize.f_back
-    while caller is not None and caller.f_globals.get("__name__", "").startswith(autograph_module):
-        caller = caller.f_back
-    if caller is None:
-        return False
-    module = caller.f_globals.get("__name__", "") or ""
-    if module.split(".")[0] not in _LIBRARY_MODULES:
-        return True
-    return module.startswith("tf_keras.") and _is_framework_step_for_an_own_step(caller)
-
+    return module.split(".")[0] in LIBRARY_MODULES
