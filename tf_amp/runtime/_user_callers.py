@@ -23,8 +23,10 @@ def is_user_caller(depth: int = 2) -> bool:
 
     AutoGraph routes calls inside a converted function through its own ``converted_call``;
     those frames are skipped so the user's converted function is the one that decides.
-    Keras 3's ``train_step`` run for a model with a ``train_step`` of its own (through
-    ``super().train_step(data)``) counts as user code: see :func:`_framework_step_for_own_step`.
+    Two framework calls count as user code: Keras 3's ``train_step`` run for a model with a
+    ``train_step`` of its own (:func:`_is_framework_step_for_an_own_step`), and the gradients
+    a plain tf_keras optimizer's ``minimize`` computes for user code or for such a step
+    (:func:`_is_tf_keras_minimize_for_the_user`).
     """
     from tf_amp._upstream.tensorflow import AUTOGRAPH_MODULE
 
@@ -59,16 +61,15 @@ def _is_framework_step_for_an_own_step(frame: Any) -> bool:
     """
     from tf_amp.runtime._own_train_step import has_own_train_step
 
-    steps = []
     if frame.f_globals.get("__name__") == _KERAS_TRAINER_MODULE:
         from tf_amp._upstream.keras import TensorFlowTrainer
 
-        steps.append(TensorFlowTrainer.train_step.__code__)
+        framework_step = TensorFlowTrainer.train_step
     else:
         from tf_amp._upstream import tf_keras
 
-        steps.append(tf_keras.model_class().train_step.__code__)
-    if frame.f_code not in steps:
+        framework_step = tf_keras.model_class().train_step
+    if frame.f_code is not framework_step.__code__:
         return False
     model = frame.f_locals.get("self")
     return model is not None and has_own_train_step(model)
