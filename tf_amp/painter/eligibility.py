@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Collection, Sequence
-from typing import Any
 
 from tf_amp.config import RewriteConfig
 from tf_amp.lists import OpLists
@@ -32,6 +31,7 @@ from tf_amp.type_attrs import (
     device_type,
     exclude_mark,
 )
+from tf_amp.type_attrs.exclude import called_functions
 
 # Ops that must keep their dtype whatever the lists say: feeds, constants (their tensor bytes
 # are float32), variables (master weights), checkpoints and cross-device transfers.
@@ -254,6 +254,7 @@ def functions_called_from_excluded_nodes(
     """
     scopes = tuple(s.rstrip("/") for s in config.exclude_scopes if s.strip("/"))
     prefixes = tuple(s + "/" for s in scopes)
+    bodies = {body for body, _ in views if body}
     calls: dict[str, set[str]] = {}
     pending: list[str] = []
     for body, view in views:
@@ -268,7 +269,7 @@ def functions_called_from_excluded_nodes(
                 excluded_names.add(name)
             info = view.infos[n]
             if info is not None and (info.is_function or info.has_func_attr):
-                callers.append((n, _callees(view.protos[n], view.ops[n], info.is_function)))
+                callers.append((n, set(called_functions(view.protos[n], bodies))))
         calls[body] = set().union(*(callees for _, callees in callers))
         for n, callees in callers:
             if view.names[n] in excluded_names or _is_gradient_of(view.names[n], excluded_names):
@@ -280,17 +281,6 @@ def functions_called_from_excluded_nodes(
             excluded.add(function)
             pending.extend(calls.get(function, ()))
     return frozenset(excluded)
-
-
-def _callees(node: Any, op: str, is_function: bool) -> set[str]:
-    """The functions a call node calls: its op itself, or its function attrs."""
-    found = {op} if is_function else set()
-    for value in node.attr.values():
-        if value.HasField("func"):
-            found.add(value.func.name)
-        elif value.HasField("list"):
-            found.update(f.name for f in value.list.func)
-    return found
 
 
 def _is_gradient_of(name: str, excluded: set[str]) -> bool:

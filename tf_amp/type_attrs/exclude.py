@@ -7,6 +7,7 @@ while the vertex view is built, so the painter needs no second sweep over the at
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 EXCLUDE_ATTR = "_tf_amp_exclude"  # node attr: never convert this node
@@ -48,7 +49,7 @@ def mark_callees_of_excluded_calls(graph_def: Any) -> int:
         for nodes in (graph_def.node, *(f.node_def for f in functions.values()))
         for node in nodes
         if exclude_mark(node.attr) == EXCLUDE_USER
-        for callee in _called_functions(node, functions)
+        for callee in called_functions(node, functions)
     ]
     done: set[str] = set()
     marked = 0
@@ -61,11 +62,13 @@ def mark_callees_of_excluded_calls(graph_def: Any) -> int:
             if exclude_mark(node.attr) != EXCLUDE_USER:
                 node.attr[EXCLUDE_ATTR].b = True
                 marked += 1
-            pending.extend(_called_functions(node, functions))
+            pending.extend(called_functions(node, functions))
     return marked
 
 
-def _called_functions(node: Any, functions: dict[str, Any]) -> list[str]:
+def called_functions(node: Any, functions: Collection[str]) -> list[str]:
+    """The library functions (of ``functions``' names) ``node`` calls: its op, or its
+    function attrs (While / If bodies, a call's ``f``)."""
     found = [node.op] if node.op in functions else []
     for value in node.attr.values():
         if value.HasField("func"):
