@@ -23,6 +23,8 @@ from tf_amp.rewriter import rewrite_graph_def
 XEON_AMX = frozenset({"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"})
 EPYC_ZEN4 = frozenset({"avx2", "avx512f", "avx512_bf16"})
 EPYC_ZEN3 = frozenset({"avx2", "fma", "f16c"})
+# AVX-512 without its BF16 extension (Cascade Lake): oneDNN emulates bfloat16 there, slower.
+XEON_CASCADE_LAKE = frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni"})
 
 
 @pytest.fixture
@@ -44,6 +46,7 @@ def cpu(monkeypatch: pytest.MonkeyPatch):
         ("CPU", XEON_AMX, True, "bfloat16", "AMX-BF16 and AVX512-BF16"),
         ("CPU", EPYC_ZEN4, True, "bfloat16", "AVX512-BF16"),
         ("CPU", EPYC_ZEN3, True, "float32", "neither AMX-BF16 nor AVX512-BF16"),
+        ("CPU", XEON_CASCADE_LAKE, True, "float32", "neither AMX-BF16 nor AVX512-BF16"),
         ("CPU", XEON_AMX, False, "float32", "TF_ENABLE_ONEDNN_OPTS=0"),
     ],
 )

@@ -17,8 +17,11 @@ machine, not on the model:
   with ``f32`` operands): measured on an AVX2 EPYC (``bench/op_speed.py``), bfloat16 MatMul
   took 1.14-1.25x float32's time and Conv2DBackpropInput / Filter 15-17x / 8-9x (float16:
   1.1-1.2x, 8-9x / 5.6-5.7x), and forcing oneDNN on changes nothing (it "supports DT_BFLOAT16
-  only on platforms with AVX-512" and falls back to Eigen). A user who asked for speed gets
-  float32: the rewrite leaves the graph alone and says why once.
+  only on platforms with AVX-512" and falls back to Eigen). AVX-512 alone is not enough: on a
+  Cascade Lake Xeon (AVX-512 with VNNI, no BF16), oneDNN is on and emulates bfloat16
+  (``gemm:jit:bf16`` matmuls, ``jit_bf16:avx512_core`` convolutions), 2.3-4.3x slower than
+  float32 (geometric mean 3.2x), and float16 falls back to Eigen (1.2-25x slower). A user who
+  asked for speed gets float32: the rewrite leaves the graph alone and says why once.
 
 ``TF_AMP_TARGET_DTYPE`` / ``RewriteConfig(target_dtype=...)`` still force a target.
 
