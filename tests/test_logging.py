@@ -97,3 +97,27 @@ def test_nothing_to_do_names_the_graph() -> None:
     assert lines[0].startswith("tf_amp: no allow-list ops found in graph 'scaled_sum' of ")
     assert lines[1] == ("tf_amp: no allow-list ops found in the graph of 2 node(s), "
                         "nothing to do (graph unchanged)")
+
+
+def test_nothing_to_do_says_why_the_allow_list_ops_stayed_float32() -> None:
+    # A graph whose MatMuls were all kept float32 (here by exclude_scopes; the probe's
+    # "measured slower" is the other common cause) is not a graph without allow-list ops:
+    # the line used to say "no allow-list ops found".
+    code = textwrap.dedent("""
+        import tensorflow as tf
+        import tf_amp
+
+        graph = tf.Graph()
+        with graph.as_default():
+            x = tf.compat.v1.placeholder(tf.float32, [2, 2], name="x")
+            with tf.name_scope("head"):
+                y = tf.matmul(tf.matmul(x, x), x)
+            tf.identity(y, name="y")
+        tf_amp.rewrite_graph_def(
+            graph.as_graph_def(),
+            config=tf_amp.RewriteConfig(target_dtype="float16", exclude_scopes=("head",)),
+        )
+    """)
+    lines = [line for line in _run(code).stderr.splitlines() if "nothing to do" in line]
+    assert lines == ["tf_amp: all 2 allow-list op(s) in the graph of 4 node(s) kept float32 "
+                     "(2 excluded), nothing to do (graph unchanged)"]

@@ -137,6 +137,25 @@ class RewriteReport:
             if d.body == body
         }
 
+    def allow_ops_kept(self) -> dict[str, int]:
+        """Allow-list nodes left float32, counted by why: a node block's name
+        (``measured-slow``, ``excluded``, ...) or ``other`` (no kernel in the target, or a
+        later pass). Where nothing changed, the log says this rather than that the graph
+        holds no allow-list op: a probe that kept every MatMul float32 is not an empty graph."""
+        counts: dict[str, int] = {}
+        for body in self.bodies:
+            view, painting = body.view, body.painting
+            nodes = {
+                view.v_node[v]
+                for v in range(view.num_vertices)
+                if painting.cat[v] == CAT_ALLOW and painting.colour[v] != ALLOW_C
+            }
+            for n in nodes:
+                block = painting.node_block[n]
+                why = Block(block).value if block else "other"
+                counts[why] = counts.get(why, 0) + 1
+        return counts
+
     def paint_buckets(self) -> dict[str, list[str]]:
         """Vertices grouped by final paint, like TensorFlow's paintbuckets file."""
         buckets: dict[str, list[str]] = {"allow": [], "deny": [], "none": []}

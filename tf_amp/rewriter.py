@@ -297,6 +297,11 @@ def _log(report: RewriteReport) -> None:
         logger.debug("tf_amp pass %s changed %d vertices", key, count)
     if report.changed:
         logger.info(report.summary_line(), extra=_AS_REPORT)
+    elif kept := report.allow_ops_kept():
+        why = ", ".join(f"{count} {name}" for name, count in sorted(kept.items()))
+        logger.info("all %d allow-list op(s) in %s kept float32 (%s), nothing to do (graph "
+                    "unchanged)", sum(kept.values()), _describe_graph(report), why,
+                    extra=_AS_REPORT)
     else:
         logger.info("no allow-list ops found in %s, nothing to do (graph unchanged)",
                     _describe_graph(report), extra=_AS_REPORT)
