@@ -16,8 +16,9 @@ import tensorflow as tf
 
 import tf_amp
 from tests.e2e_helpers import HEAVY_OPS, half_ops_of_functions
+from tf_amp._upstream import tensorflow as upstream_tf
 from tf_amp.config import RewriteConfig
-from tf_amp.runtime.function import Function
+from tf_amp.runtime.function import AmpTfFunction, Function
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -514,3 +515,33 @@ def test_a_method_decorated_without_deprecated_arguments_gets_no_deprecation_war
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "8.0"
     assert "deprecated" not in done.stderr, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("decorate", ["tf_amp.function", "environment"])
+def test_a_variable_made_from_the_arguments_on_the_first_call(decorate: str, caplog) -> None:
+    # tf.function cannot lift such an initial value out of the graph and initialises the
+    # variable by running its first trace; tf_amp went through get_concrete_function, which
+    # has no such fallback, and raised UnliftableError (the environment's tf.function too).
+    state: dict[str, tf.Variable] = {}
+
+    def body(x: tf.Tensor) -> tf.Tensor:
+        if "v" not in state:
+            state["v"] = tf.Variable(x * 2.0)
+        return tf.matmul(state["v"], tf.ones((4, 4)))
+
+    if decorate == "tf_amp.function":
+        fn = tf_amp.function(body)
+    else:  # what the environment activation's tf.function returns
+        fn = upstream_tf.retype_tf_function(upstream_tf.tf_function(body), AmpTfFunction)
+    x = tf.ones((2, 4))
+    with caplog.at_level(logging.INFO, logger="tf_amp"):
+        first = fn(x)
+    np.testing.assert_array_equal(first.numpy(), np.full((2, 4), 8.0, np.float32))
+    np.testing.assert_array_equal(state["v"].numpy(), np.full((2, 4), 2.0, np.float32))
+    assert "cannot lift" in caplog.text
+    second = fn(x)  # the variable exists: traced again, rewritten and run
+    np.testing.assert_allclose(second.numpy(), 8.0)
+    rebuilt = fn.concrete_functions()
+    assert len(rebuilt) == 1
+    assert any(op.type == "MatMul" and op.get_attr("T") == tf.float16
+               for op in rebuilt[0].graph.get_operations())

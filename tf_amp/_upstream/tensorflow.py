@@ -18,6 +18,11 @@ Running rewritten graphs (``tf_amp.runtime``)
     overrides ``_clone``, with which ``strategy.run`` copies a ``tf.function`` to trace it in
     the replica context: TensorFlow's own builds a plain ``tf.function``, which would run
     float32.
+  * ``lift_to_graph.UnliftableError`` and ``Function._concrete_variable_creation_fn`` (see
+    :func:`first_trace`) -- a ``tf.function`` whose first call makes a variable from a value
+    computed from its arguments cannot lift that initial value out of the graph; its
+    ``__call__`` then runs the first trace, whose variables initialise themselves, and
+    ``get_concrete_function`` (what the runtime calls) raises instead.
   * ``concrete_function.ConcreteFunction.from_func_graph`` -- wraps the rebuilt ``FuncGraph``
     as a callable concrete function with the original's calling convention; no public API
     builds a concrete function from a graph.
@@ -111,7 +116,7 @@ from tensorflow.python.client import (
     pywrap_tf_session,
 )
 from tensorflow.python.client import session as session_lib
-from tensorflow.python.eager import context, record
+from tensorflow.python.eager import context, lift_to_graph, record
 from tensorflow.python.eager.polymorphic_function import (
     concrete_function,
     function_type_utils,
@@ -148,6 +153,7 @@ TfFunction = _polymorphic_function.Function
 """The class of ``tf.function`` objects."""
 
 ConcreteFunction = concrete_function.ConcreteFunction
+UnliftableError = lift_to_graph.UnliftableError
 FuncGraph = func_graph.FuncGraph
 Session = session_lib.Session
 InteractiveSession = session_lib.InteractiveSession
@@ -205,6 +211,17 @@ def forget_eager_outer_context() -> None:
         switches.pop()
 
 
+def first_trace(function: Any) -> Any:
+    """The concrete function of ``function``'s first trace, the one that made its variables
+    (None before its first call).
+
+    Where an initial value cannot be lifted (:data:`UnliftableError`), ``tf.function`` runs
+    this trace on the first call: each variable it made initialises itself in the graph when
+    it is not initialised yet. Called once, it leaves the variables initialised.
+    """
+    return getattr(function, "_concrete_variable_creation_fn", None)
+
+
 def add_function_def(function_def: Any) -> None:
     """Registers a FunctionDef with the eager runtime, which resolves calls by name."""
     context.context().add_function_def(function_def)
@@ -242,6 +259,7 @@ __all__ = [
     "Session",
     "TfFunction",
     "Trackable",
+    "UnliftableError",
     "_pywrap_events_writer",
     "_pywrap_util_port",
     "add_function_def",
@@ -252,6 +270,7 @@ __all__ = [
     "could_possibly_record",
     "dtypes",
     "fingerprinting",
+    "first_trace",
     "forget_eager_outer_context",
     "has_default_summary_writer",
     "kernels",

@@ -89,6 +89,21 @@ def _say_custom_gradient_runs_float32() -> None:
     )
 
 
+def _say_first_call_runs_float32(traced: Any) -> None:
+    from tf_amp._say_once import say_once
+
+    name = getattr(traced, "__name__", "a function")
+    say_once(
+        ("first call runs float32", id(traced)),  # once per function, not per name
+        logging.INFO,
+        "%s makes a variable on its first call whose initial value is computed from the "
+        "arguments, which TensorFlow cannot lift out of the graph: as tf.function does, that "
+        "call runs the first trace, which initialises it (float32, not rewritten); later "
+        "calls run rewritten",
+        name,
+    )
+
+
 def _unchanged_report(config: Any, graph: Any) -> Any:
     """The report of a trace left as traced, saying why (the target, or opt level O0); the
     choice is said in the log once, as every other way in says it."""
@@ -217,7 +232,16 @@ class Function:
             args, kwargs, traced._function_type, traced._default_values, traced._is_pure
         )
         args, kwargs = bound.args, bound.kwargs
-        rebuilt = self.get_concrete_function(*args, **kwargs)
+        try:
+            rebuilt = self.get_concrete_function(*args, **kwargs)
+        except upstream_tf.UnliftableError:
+            first = upstream_tf.first_trace(traced)
+            if first is None:
+                raise
+            # As tf.function does: its first trace initialises the variables it made. Later
+            # calls find them made and are traced, rewritten and run as usual.
+            _say_first_call_runs_float32(traced)
+            return first(*args, **kwargs)
         float32 = self._float32_under_outer_tapes.get(id(rebuilt))
         if float32 is not None and upstream_tf.could_possibly_record():
             _say_custom_gradient_runs_float32()
