@@ -205,6 +205,25 @@ def test_unsupported_dtype_names_the_gradient():
         ops.unscale_and_check_finite([tf.constant([1.0]), tf.constant([1])], 2.0)
 
 
+def test_a_single_tensor_instead_of_a_list_is_refused():
+    # It used to be iterated row by row: [[2, 1], [4, 3]] came back as two "gradients".
+    with pytest.raises(TypeError, match="a list of gradients, got a single"):
+        ops.unscale_and_check_finite(tf.constant([[4.0, 2.0], [8.0, 6.0]]), 2.0)
+
+
+def test_a_gradient_that_is_no_tensor_is_named():
+    (converted,), _ = ops.unscale_and_check_finite([[4.0, 2.0]], 2.0)  # like a numpy array
+    np.testing.assert_array_equal(converted.numpy(), [2.0, 1.0])
+    with pytest.raises(TypeError, match="gradient 1 is not a tensor"):
+        ops.unscale_and_check_finite([tf.constant([1.0]), object()], 2.0)
+
+
+def test_a_complex_scale_is_refused():
+    # tf.cast to float32 dropped the imaginary part without a word.
+    with pytest.raises(TypeError, match="scale must be a real number, got complex128"):
+        ops.unscale_and_check_finite([tf.constant([1.0])], 2 + 1000j)
+
+
 def test_hundred_million_elements():
     n = 100_000_000
     grad = tf.fill([n], tf.constant(3.0))
@@ -351,3 +370,47 @@ def test_xla_compiled_functions_use_the_compilable_path():
     assert bool(ok.numpy()) is True
     assert_bitwise_equal(ua, numpy_reference(grads[0].numpy(), tf.float16, SCALE))
     assert_bitwise_equal(ub, numpy_reference(grads[1].numpy(), tf.float32, SCALE))
+
+
+def test_a_new_process_that_imports_tf_amp_ops_knows_the_op(tmp_path):
+    # A SavedModel whose step uses the fused op, loaded in a new process: "Op type not
+    # registered 'TfAmpUnscaleAndCheckFinite'" although tf_amp.ops was imported, since the
+    # library was only loaded at the first unscale. The rewrite of such a graph took tf_amp's
+    # own op for a foreign one and kept its node float32 with a warning.
+    path = tmp_path / "saved"
+    _run_python(
+        f"""
+        import tensorflow as tf
+        from tf_amp import ops
+
+        class Step(tf.Module):
+            @tf.function(input_signature=[tf.TensorSpec([2], tf.float32)])
+            def unscale(self, g):
+                (u,), finite = ops.unscale_and_check_finite([g], 2.0, use_native=True)
+                return u, finite
+
+        tf.saved_model.save(Step(), r"{path}")
+        graph = Step().unscale.get_concrete_function().graph.as_graph_def()
+        with open(r"{tmp_path}/graph.pb", "wb") as f:
+            f.write(graph.SerializeToString())
+        """
+    )
+    out = _run_python(
+        f"""
+        import tensorflow as tf
+        import tf_amp.ops
+        u, finite = tf.saved_model.load(r"{path}").unscale(tf.constant([4.0, 8.0]))
+        print(u.numpy().tolist(), bool(finite))
+        """
+    )
+    assert out.split("\n")[0] == "[2.0, 4.0] True"
+    out = _run_python(
+        f"""
+        import tensorflow as tf
+        import tf_amp
+        graph = tf.compat.v1.GraphDef.FromString(open(r"{tmp_path}/graph.pb", "rb").read())
+        print(tf_amp.rewrite_graph_def(graph).report.unknown_ops)
+        """,
+        TF_AMP_TARGET_DTYPE="float16",
+    )
+    assert out.strip() == "[]"

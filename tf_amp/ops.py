@@ -32,6 +32,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
 from tf_amp._flags import parse_flag
@@ -63,6 +64,17 @@ def _load_native_module() -> tuple[Any | None, str]:
         return tf.load_op_library(path), ""
     except (tf.errors.NotFoundError, OSError) as error:
         return None, f"{path} failed to load ({error}); rebuild it against this TensorFlow"
+
+
+def register_native_op() -> bool:
+    """Loads the op library, so that TensorFlow knows ``TfAmpUnscaleAndCheckFinite``: a
+    SavedModel or meta graph written by a loss-scaled run can be loaded, and the rewrite and
+    the probe take the op for a known one. Runs when this module is imported (3 ms); says
+    nothing when the library is unavailable (the first use warns, saying why)."""
+    try:
+        return native_op_available()
+    except ValueError:  # a bad TF_AMP_FORCE_FALLBACK_OP: the first use raises, naming it
+        return False
 
 
 @functools.lru_cache(maxsize=1)
@@ -142,10 +154,23 @@ def unscale_and_check_finite(
       ``(unscaled_grads, all_finite)``: a list in the order of ``grads`` with ``None`` kept in
       place, and a scalar ``tf.bool`` tensor.
     """
+    if isinstance(grads, (tf.Tensor, tf.IndexedSlices, tf.Variable, np.ndarray)):
+        raise TypeError(
+            "unscale_and_check_finite: grads must be a list of gradients, got a single "
+            f"{type(grads).__name__}; pass [grad] for one"
+        )
     grads = list(grads)
     for index, grad in enumerate(grads):
         if grad is None:
             continue
+        if not isinstance(grad, tf.IndexedSlices):
+            try:
+                grads[index] = grad = tf.convert_to_tensor(grad)
+            except (TypeError, ValueError) as error:
+                raise TypeError(
+                    f"unscale_and_check_finite: gradient {index} is not a tensor "
+                    f"({type(grad).__name__}): {error}"
+                ) from None
         dtype = _dense_values(grad).dtype
         if dtype not in _SUPPORTED_DTYPES:
             raise TypeError(
@@ -154,7 +179,12 @@ def unscale_and_check_finite(
             )
     present = [i for i, g in enumerate(grads) if g is not None]
     values = [tf.convert_to_tensor(_dense_values(grads[i])) for i in present]
-    scale = tf.cast(tf.convert_to_tensor(scale), tf.float32)
+    scale = tf.convert_to_tensor(scale)
+    if not (scale.dtype.is_floating or scale.dtype.is_integer):
+        raise TypeError(
+            f"unscale_and_check_finite: the scale must be a real number, got {scale.dtype.name}"
+        )
+    scale = tf.cast(scale, tf.float32)
 
     module, reason = _load_native_module()
     if use_native and module is None:
@@ -172,3 +202,7 @@ def unscale_and_check_finite(
     for i, value in zip(present, unscaled, strict=True):
         result[i] = _rebuild(grads[i], value)
     return result, all_finite
+
+
+# TensorFlow must know the op before it imports a graph that uses it (see register_native_op).
+register_native_op()

@@ -45,6 +45,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2, graph_pb2, types_pb2
 
+import tf_amp.ops  # noqa: F401  (registers tf_amp's own op: a graph using it is not foreign)
 from tf_amp._upstream.tensorflow import op_def_registry, tensor_util
 
 INFER_SLOWDOWN = 1.5  # an infer op stays float32 only when this many times slower...

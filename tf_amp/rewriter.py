@@ -26,6 +26,7 @@ from typing import Any
 
 from tensorflow.core.framework import graph_pb2
 
+import tf_amp.ops  # noqa: F401  (registers tf_amp's own op: a graph using it is not foreign)
 from tf_amp._say_once import say_once
 from tf_amp.cast_planner import plan_and_apply
 from tf_amp.config import RewriteConfig
