@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import abc
+import math
 from typing import Any, NamedTuple
 
+import numpy as np
 import tensorflow as tf
 
 COUNTER_DTYPE = tf.int64
@@ -29,6 +31,40 @@ class LossScaleState(NamedTuple):
     skipped_steps: Any
     consecutive_skips: Any
     floor_skips: Any
+
+
+def checked_scale(value: Any, what: str) -> float:
+    """``value`` as a loss scale: a real number whose float32 value is finite and > 0.
+
+    The checks are float32's, the variable's dtype: 1e39 is inf there and 1e-46 is 0, and
+    either makes every step skip (a scale of 0 turns a finite gradient into nan). ``what``
+    names the argument in the error. Strings of numbers are read as numbers, as ``float`` reads
+    them, so a static and a dynamic scale take the same spellings.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"{what} must be a number, got {value!r}")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} must be a number, got {value!r}") from None
+    as_f32 = float(np.float32(number)) if abs(number) < 1e39 else math.inf
+    if not (math.isfinite(as_f32) and as_f32 > 0):
+        raise ValueError(
+            f"{what} must be a finite number > 0 in float32 (about 1.2e-38 to 3.4e38), "
+            f"got {value!r}"
+        )
+    return number
+
+
+def checked_count(value: Any, what: str, minimum: int = 1) -> int:
+    """``value`` as a step count: an integer >= ``minimum`` that fits the int64 counters."""
+    whole_int = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+    whole_float = isinstance(value, (float, np.floating)) and float(value).is_integer()
+    if not (whole_int or whole_float):
+        raise ValueError(f"{what} must be an integer >= {minimum}, got {value!r}")
+    if not minimum <= value < 2**62:
+        raise ValueError(f"{what} must be an integer >= {minimum} (below 2**62), got {value!r}")
+    return int(value)
 
 
 def f32(value: Any) -> tf.Tensor:

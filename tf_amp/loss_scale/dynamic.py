@@ -7,7 +7,15 @@ from typing import Any
 
 import tensorflow as tf
 
-from tf_amp.loss_scale._base import COUNTER_DTYPE, LossScale, LossScaleState, f32, i64
+from tf_amp.loss_scale._base import (
+    COUNTER_DTYPE,
+    LossScale,
+    LossScaleState,
+    checked_count,
+    checked_scale,
+    f32,
+    i64,
+)
 
 
 class DynamicLossScale(LossScale):
@@ -40,10 +48,7 @@ class DynamicLossScale(LossScale):
         min_scale: float = 1.0,
         max_scale: float = 2.0**24,
     ) -> None:
-        if int(growth_interval) != growth_interval or growth_interval < 1:
-            raise ValueError(
-                f"DynamicLossScale: growth_interval must be an integer >= 1, got {growth_interval}"
-            )
+        growth_interval = checked_count(growth_interval, "DynamicLossScale: growth_interval")
         if not (math.isfinite(growth_factor) and growth_factor > 1.0):
             raise ValueError(
                 f"DynamicLossScale: growth_factor must be a finite number > 1, got {growth_factor}"
@@ -52,12 +57,9 @@ class DynamicLossScale(LossScale):
             raise ValueError(
                 f"DynamicLossScale: backoff_factor must lie in (0, 1), got {backoff_factor}"
             )
-        f32_max = float(tf.float32.max)
-        for name, value in (("min_scale", min_scale), ("max_scale", max_scale)):
-            if not (math.isfinite(value) and 0.0 < value <= f32_max):
-                raise ValueError(
-                    f"DynamicLossScale: {name} must be a finite float32 number > 0, got {value}"
-                )
+        initial_scale = checked_scale(initial_scale, "DynamicLossScale: initial_scale")
+        min_scale = checked_scale(min_scale, "DynamicLossScale: min_scale")
+        max_scale = checked_scale(max_scale, "DynamicLossScale: max_scale")
         if not min_scale <= initial_scale <= max_scale:
             raise ValueError(
                 "DynamicLossScale: need min_scale <= initial_scale <= max_scale, got "

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-from tf_amp.loss_scale._base import LossScale, LossScaleState, i64
+from tf_amp.loss_scale._base import LossScale, LossScaleState, checked_scale, i64
 
 
 class StaticLossScale(LossScale):
@@ -17,10 +16,7 @@ class StaticLossScale(LossScale):
     """
 
     def __init__(self, scale: float) -> None:
-        scale = float(scale)
-        if not (math.isfinite(scale) and scale > 0):
-            raise ValueError(f"StaticLossScale: scale must be a finite number > 0, got {scale}")
-        self._scale = scale
+        self._scale = checked_scale(scale, "StaticLossScale: scale")
 
     @property
     def dynamic(self) -> bool:

@@ -18,6 +18,20 @@ FLOOR_WARNING_SKIPS = 2
 """Default of ``floor_warning_skips``: skips in a row at the floor before the warning prints."""
 
 
+def checked_skip_limits(
+    floor_warning_skips: Any, max_consecutive_skips: Any
+) -> tuple[int, int | None]:
+    """The two skip counts every wrapper takes, checked as the int64 counters they are compared
+    with: a string, a fraction or a count below 1 was taken and then failed (or never fired)
+    at the first step."""
+    from tf_amp.loss_scale._base import checked_count
+
+    floor = checked_count(floor_warning_skips, "floor_warning_skips")
+    if max_consecutive_skips is None:
+        return floor, None
+    return floor, checked_count(max_consecutive_skips, "max_consecutive_skips (or None)")
+
+
 SUPPORTED_MESSAGE = (
     "pass a Keras 3 optimizer (keras.optimizers.Adam(), ...), a tf_keras one "
     "(tf_keras.optimizers.Adam(), tf_keras.optimizers.legacy.Adam(), ...) or a "

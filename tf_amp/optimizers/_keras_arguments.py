@@ -60,10 +60,6 @@ def check_arguments(
             "loss_scale_factor and pass loss_scale="
             f"{inner_optimizer.loss_scale_factor} to LossScaleOptimizer instead"
         )
-    if max_consecutive_skips is not None and max_consecutive_skips < 1:
-        raise ValueError(
-            f"max_consecutive_skips must be None or >= 1, got {max_consecutive_skips}"
-        )
     return loss_scale
 
 

@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from tf_amp._upstream.keras import no_automatic_dependency_tracking
 from tf_amp.loss_scale import LossScale, LossScaleState
+from tf_amp.loss_scale._base import checked_scale
 from tf_amp.optimizers import _checkpoint_layout
 from tf_amp.optimizers._host_floor_alarm import ChecksSkipsOnHost, HostFloorAlarm
 from tf_amp.optimizers._policy_views import PolicyViews
@@ -69,7 +70,7 @@ class LossScaleStateOwner(ChecksSkipsOnHost, PolicyViews):
 
     def set_loss_scale(self, value: float) -> None:
         """Sets the current scale, e.g. to change a static scale mid-training."""
-        self._state_vars[0].assign(float(value))
+        self._state_vars[0].assign(checked_scale(value, "the loss scale"))
 
     @property
     def dynamic_counter(self) -> tf.Tensor | None:

@@ -93,10 +93,9 @@ class TfKerasLossScaling(TfKerasScaleState, TfKerasConfig):
         policy = loss_scale_lib.get(legacy_loss_scale(loss_scale, kwargs))
         if kwargs:
             raise TypeError(f"LossScaleOptimizer got unexpected arguments: {sorted(kwargs)}")
-        if max_consecutive_skips is not None and max_consecutive_skips < 1:
-            raise ValueError(
-                f"max_consecutive_skips must be None or >= 1, got {max_consecutive_skips}"
-            )
+        floor_warning_skips, max_consecutive_skips = _common.checked_skip_limits(
+            floor_warning_skips, max_consecutive_skips
+        )
         # Set with object.__setattr__: tf_keras's __setattr__ would track lists as checkpoint
         # dependencies, which the delegation below would hang on the inner optimizer.
         def put(attr: str, value: Any) -> None:
@@ -108,7 +107,7 @@ class TfKerasLossScaling(TfKerasScaleState, TfKerasConfig):
         upstream_tf.DelegatingTrackableMixin.__init__(self, inner)
         put("_policy", policy)
         put("enabled", bool(enabled))
-        put("floor_warning_skips", int(floor_warning_skips))
+        put("floor_warning_skips", floor_warning_skips)
         put("max_consecutive_skips", max_consecutive_skips)
         put("_tf_amp_name", name or "LossScaleOptimizer")
         put("_unscaled_marks", UnscaledMarks())

@@ -13,6 +13,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tf_amp.loss_scale import LossScale, LossScaleState
+from tf_amp.loss_scale._base import checked_scale
 from tf_amp.optimizers._host_floor_alarm import ChecksSkipsOnHost
 from tf_amp.optimizers._policy_views import PolicyViews
 
@@ -62,7 +63,7 @@ class TfKerasScaleState(ChecksSkipsOnHost, PolicyViews):
 
     def set_loss_scale(self, value: float) -> None:
         """Sets the current scale, e.g. to change a static scale mid-training."""
-        self._state_vars[0].assign(float(value))
+        self._state_vars[0].assign(checked_scale(value, "the loss scale"))
 
     @property
     def dynamic_counter(self) -> tf.Tensor | None:

@@ -103,14 +103,16 @@ class KerasLossScaleOptimizer(
         loss_scale = _keras_arguments.check_arguments(
             inner_optimizer, loss_scale, max_consecutive_skips, kwargs
         )
+        # Every argument is checked before the inner optimizer is marked as wrapped.
+        policy = loss_scale_lib.get(loss_scale)
+        skip_limits = _common.checked_skip_limits(floor_warning_skips, max_consecutive_skips)
         # Skip keras.optimizers.LossScaleOptimizer.__init__ (its own scale and arguments).
         super(keras.optimizers.LossScaleOptimizer, self).__init__(learning_rate=0.0, name=name)
         self.inner_optimizer = inner_optimizer
         _common.mark_wrapped(inner_optimizer, self)
-        self._policy = loss_scale_lib.get(loss_scale)
+        self._policy = policy
         self.enabled = bool(enabled)
-        self.floor_warning_skips = int(floor_warning_skips)
-        self.max_consecutive_skips = max_consecutive_skips
+        self.floor_warning_skips, self.max_consecutive_skips = skip_limits
         self._unscaled_marks = UnscaledMarks()
         self._create_state()
 

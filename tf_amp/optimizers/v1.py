@@ -23,6 +23,7 @@ import tensorflow as tf
 from tf_amp import loss_scale as loss_scale_lib
 from tf_amp._upstream import tensorflow as upstream_tf
 from tf_amp.loss_scale import LossScale, LossScaleState
+from tf_amp.loss_scale._base import checked_scale
 from tf_amp.ops import unscale_and_check_finite
 from tf_amp.optimizers import _apply_or_skip, _common, _summaries
 
@@ -53,14 +54,16 @@ class V1LossScaleOptimizer(_V1Optimizer):
                 f"V1LossScaleOptimizer wraps a tf.compat.v1.train.Optimizer, got "
                 f"{type(inner_optimizer).__name__}; {_common.SUPPORTED_MESSAGE}"
             )
+        # Every argument is checked before the inner optimizer is marked as wrapped.
+        policy = loss_scale_lib.get(loss_scale)
+        skip_limits = _common.checked_skip_limits(floor_warning_skips, max_consecutive_skips)
         super().__init__(use_locking=False, name=name or f"LossScale{inner_optimizer.get_name()}")
         self._inner = inner_optimizer
         _common.mark_wrapped(inner_optimizer, self)
         self._track_trackable(inner_optimizer, "inner_optimizer")
-        self._policy = loss_scale_lib.get(loss_scale)
+        self._policy = policy
         self.enabled = bool(enabled)
-        self.floor_warning_skips = int(floor_warning_skips)
-        self.max_consecutive_skips = max_consecutive_skips
+        self.floor_warning_skips, self.max_consecutive_skips = skip_limits
         self._state_vars: list[tf.Variable] | None = None
         # True for the wrapper the environment activation puts around a script's optimizer.
         self.implicit = False
@@ -118,7 +121,7 @@ class V1LossScaleOptimizer(_V1Optimizer):
 
     def set_loss_scale(self, value: float) -> Any:
         """Sets the current scale (returns the assign op in graph mode)."""
-        return self._ensure_state()[0].assign(float(value))
+        return self._ensure_state()[0].assign(checked_scale(value, "the loss scale"))
 
     @property
     def skipped_steps(self) -> tf.Tensor:
