@@ -170,6 +170,21 @@ def test_enabled_false_and_errors():
     assert isinstance(marked, V1LossScaleOptimizer) and marked._tf_amp_graph_rewrite
 
 
+def test_tensorflows_own_tf1_loss_scale_wrapper_is_refused():
+    # It was taken: the two scales multiplied (2**15 * 2**15), the float16 gradients
+    # overflowed and every step was skipped, without a word.
+    from tf_amp.enable import is_rewrite_enabled
+
+    tf1_wrapper = v1.mixed_precision.MixedPrecisionLossScaleOptimizer(
+        v1.train.GradientDescentOptimizer(0.1), "dynamic"
+    )
+    with pytest.raises(ValueError, match="MixedPrecisionLossScaleOptimizer, which scales"):
+        tf_amp.LossScaleOptimizer(tf1_wrapper)
+    with pytest.raises(ValueError, match="MixedPrecisionLossScaleOptimizer, which scales"):
+        tf_amp.enable_mixed_precision_graph_rewrite(tf1_wrapper)
+    assert not is_rewrite_enabled()
+
+
 def test_tape_recipe_with_get_scaled_loss_and_get_unscaled_gradients():
     w = tf.Variable([2.0, -1.0])
     opt = tf_amp.LossScaleOptimizer(v1.train.GradientDescentOptimizer(0.5), 2.0**10)

@@ -67,6 +67,23 @@ def check_not_wrapped(inner: Any) -> None:
             "the optimizer is already a keras.optimizers.LossScaleOptimizer, which scales the "
             "loss itself; pass its `inner_optimizer` to tf_amp instead so the loss is scaled once"
         )
+    tf_v1_lso = _tf_v1_loss_scale_optimizer_class()
+    if tf_v1_lso is not None and isinstance(inner, tf_v1_lso):
+        raise ValueError(
+            "the optimizer is already a tf.compat.v1.mixed_precision."
+            "MixedPrecisionLossScaleOptimizer, which scales the loss itself (the two scales "
+            "would multiply, and the gradients overflow); pass the optimizer you gave it to "
+            "tf_amp instead so the loss is scaled once"
+        )
+
+
+def _tf_v1_loss_scale_optimizer_class() -> type | None:
+    """TensorFlow's TF1 loss-scale wrapper (what its own enable_mixed_precision_graph_rewrite
+    returns), when TensorFlow is loaded."""
+    tf = sys.modules.get("tensorflow")
+    mixed_precision = getattr(getattr(tf, "compat", None), "v1", None)
+    mixed_precision = getattr(mixed_precision, "mixed_precision", None)
+    return getattr(mixed_precision, "MixedPrecisionLossScaleOptimizer", None)
 
 
 _WRAPPED_BY = "_tf_amp_wrapped_by"
