@@ -123,4 +123,29 @@ def test_unregistered_ops_and_ops_that_cannot_run_are_left_out_and_listed() -> N
     untimed = {u.nodes: u.why for u in timings.untimed}
     assert untimed[("call",)].endswith("has not registered: MyCustomOp")
     assert "unregistered" in untimed[("after",)]
-    assert "Cholesky[[4, 4]] could not be run alone" in untimed[("chol",)]
+    assert "Cholesky[[4, 4]] has no bfloat16 kernel" in untimed[("chol",)]
+
+
+def test_an_op_is_timed_as_the_rewrite_leaves_it() -> None:
+    """FusedBatchNormV3: the rewrite turns T (x, y) and keeps U (the statistics) float32, for
+    which its kernels ask. The probe set U to the target too, so the op could never run, and
+    the reason it gave was "Graph execution error:", the first line of TensorFlow's message."""
+
+    @tf.function
+    def norm(x, scale, offset):
+        y, _, _ = tf.compat.v1.nn.fused_batch_norm(x, scale, offset, is_training=True)
+        return y
+
+    specs = [tf.TensorSpec(s) for s in ([2, 8, 8, 4], [4], [4])]
+    graph_def = norm.get_concrete_function(*specs).graph.as_graph_def()
+    for target in ("bfloat16", "float16"):
+        timings = probe.probe_graph(graph_def, target, {"FusedBatchNormV3": "infer"}, repeats=1)
+        assert [t.signature.op for t in timings] == ["FusedBatchNormV3"], timings.untimed
+
+
+def test_a_run_error_is_said_by_its_telling_line() -> None:
+    message = ("Graph execution error:\n\nDetected at node 'probe_bfloat16' defined at (most "
+               "recent call last):\n    File \"x.py\", line 1, in <module>\nNode: "
+               "'probe_bfloat16'\nNo OpKernel was registered to support Op 'Foo'\n"
+               "Registered devices: [CPU]\n\n\t [[probe_bfloat16]]")
+    assert probe._first_line(message) == "No OpKernel was registered to support Op 'Foo'"

@@ -40,6 +40,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -47,6 +48,8 @@ from tensorflow.core.framework import attr_value_pb2, graph_pb2, types_pb2
 
 import tf_amp.ops  # noqa: F401  (registers tf_amp's own op: a graph using it is not foreign)
 from tf_amp._upstream.tensorflow import op_def_registry, tensor_util
+from tf_amp.painter.kernel_support import kernel_takes
+from tf_amp.type_attrs.op_info import node_layout, registry_op_info
 
 INFER_SLOWDOWN = 1.5  # an infer op stays float32 only when this many times slower...
 INFER_MIN_LOSS_S = 20e-6  # ...and slower by at least this much per run (else it is noise)
@@ -160,6 +163,12 @@ def probe_graph(
     timings = ProbeTimings(untimed=untimed)
     for signature, members in groups.items():
         names = tuple(c.op.name for c in members)
+        target_enum = tf.as_dtype(target_dtype).as_datatype_enum
+        if not _attrs_that_turn(members[0].op.node_def, target_enum):
+            why = (f"{signature.describe()} has no {target_dtype} kernel on this machine: the "
+                   "rewrite keeps it float32, nothing to time")
+            timings.untimed.append(Untimed(names, why))
+            continue
         if timer is not None:
             f32, reduced = timer(signature, "float32"), timer(signature, target_dtype)
         else:
@@ -290,8 +299,49 @@ def _functions_with_unregistered_ops(
     return {name: ops for name, ops in missing.items() if ops}
 
 
+def _attrs_that_turn(node: Any, target: int) -> frozenset[str]:
+    """The node's type attrs the rewrite may set to ``target``, asked as the rewrite asks
+    (``tf_amp.painter.kernel_support``): the OpDef allows it, and a kernel on this machine's
+    device takes it with the node's other attrs as they are (FusedBatchNormV3's OpDef allows a
+    bfloat16 ``U``, its kernels only float32). Every attr, for an op TensorFlow does not know."""
+    info = registry_op_info(node.op)
+    names = [name for name in node.attr if name not in _IGNORED_ATTRS]
+    if info is None:
+        return frozenset(names)
+    current: dict[str, Any] = {}
+    for name in (*info.type_attrs, *info.list_type_attrs):
+        if name in node.attr:
+            value = node.attr[name]
+            current[name] = tuple(value.list.type) if name in info.list_type_attrs else value.type
+    dev = "GPU" if tf.config.list_physical_devices("GPU") else "CPU"
+    turns = []
+    for name in names:
+        allowed = info.allowed.get(name, ())
+        if name not in current or not (allowed is None or target in allowed):
+            continue
+        value = current[name]
+        turned = (tuple(target if t == types_pb2.DT_FLOAT else t for t in value)
+                  if isinstance(value, tuple) else target)
+        if kernel_takes(node.op, dev, {**current, name: turned}):
+            turns.append(name)
+    return frozenset(turns)
+
+
 def _first_line(message: object) -> str:
-    return str(message).strip().splitlines()[0] if str(message).strip() else "unknown error"
+    """The line of an error that says what went wrong: TensorFlow's run errors open with
+    "Graph execution error:" and a "Detected at node" block, and end with it."""
+    lines = [line.strip() for line in str(message).strip().splitlines() if line.strip()]
+    if not lines:
+        return "unknown error"
+    if lines[0].endswith(":"):
+        # Skip the header, the stack of where the node was made, its name, the [[node]] tail.
+        said = [line for line in lines[1:] if not line.startswith(_WHERE_PREFIXES)]
+        if said:
+            return said[0]
+    return lines[0]
+
+
+_WHERE_PREFIXES = ("Detected at node", "File ", "Node:", "[[")
 
 
 def _known_shape(tensor: tf.Tensor) -> tf.TensorShape:
@@ -387,25 +437,34 @@ def _runs_per_sample(session: tf.compat.v1.Session, fetch: tf.Operation) -> int:
 
 
 def _rebuild(candidate: _Candidate, dtype: str, rng: np.random.Generator) -> tf.Operation:
-    """The candidate's op alone in the default graph, its float attrs set to ``dtype``."""
+    """The candidate's op alone in the default graph, as the rewrite would leave it in
+    ``dtype``: its float32 type attrs that allow ``dtype`` set to it, and the inputs they govern
+    in ``dtype``; an attr that does not (``FusedBatchNormV3``'s ``U``, its statistics) stays
+    float32, with its inputs."""
     target = tf.as_dtype(dtype)
+    node = candidate.op.node_def
+    turns = _attrs_that_turn(node, target.as_datatype_enum)
+    info = registry_op_info(node.op)
+    ports = node_layout(info.in_args, node, info) if info is not None else ()
     inputs = []
     for i, tensor in enumerate(candidate.op.inputs):
         if i in candidate.constants:
             inputs.append(tf.constant(candidate.constants[i]))
             continue
+        governed_by = ports[i][0] if i < len(ports) else None
+        in_dtype = target if governed_by is None or governed_by in turns else tf.float32
         value = rng.standard_normal(_known_shape(tensor).as_list()).astype(np.float32) * 0.1
-        variable = tf.Variable(tf.cast(value, target))
+        variable = tf.Variable(tf.cast(value, in_dtype))
         inputs.append(variable.read_value())
     attrs = {}
-    for name, value in candidate.op.node_def.attr.items():
+    for name, value in node.attr.items():
         if name in _IGNORED_ATTRS:
             continue
         copy = attr_value_pb2.AttrValue()
         copy.CopyFrom(value)
-        if copy.type == types_pb2.DT_FLOAT:
+        if name in turns and copy.type == types_pb2.DT_FLOAT:
             copy.type = target.as_datatype_enum
-        elif copy.list.type:
+        elif name in turns and copy.list.type:
             copy.list.type[:] = [
                 target.as_datatype_enum if t == types_pb2.DT_FLOAT else t for t in copy.list.type
             ]

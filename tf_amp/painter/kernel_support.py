@@ -41,6 +41,14 @@ def _kernel_constraints(op: str, dev: str) -> list[list[tuple[str, frozenset[int
     return table
 
 
+def kernel_takes(op: str, dev: str, values: dict[str, Any]) -> bool:
+    """Whether some kernel of ``op`` on device type ``dev`` takes these type attr values
+    (``{attr: dtype enum or tuple of them}``); True for an op with no kernel table (a function:
+    its body decides)."""
+    tables = _kernel_constraints(op, dev)
+    return not tables or any(_satisfies(constraints, values) for constraints in tables)
+
+
 class HalfSupport:
     """Answers "may vertex ``v`` hold the target type?" for one body, caching per vertex.
 
