@@ -545,3 +545,17 @@ def test_a_variable_made_from_the_arguments_on_the_first_call(decorate: str, cap
     assert len(rebuilt) == 1
     assert any(op.type == "MatMul" and op.get_attr("T") == tf.float16
                for op in rebuilt[0].graph.get_operations())
+
+
+def test_function_attributes_reach_the_function_that_runs() -> None:
+    # experimental_attributes / experimental_implements were dropped by the rebuild: the
+    # FunctionDef that ran had none (TFLite fusion reads _implements, Grappler _noinline).
+    fn = tf_amp.function(lambda t: tf.matmul(t, t), experimental_attributes={"_noinline": True},
+                         experimental_implements="my_matmul")
+    rebuilt = fn.get_concrete_function(tf.TensorSpec((4, 4), tf.float32))
+    attrs = rebuilt.function_def.attr
+    assert attrs["_noinline"].b is True
+    assert attrs["_implements"].s == b"my_matmul"
+    assert any(op.type == "MatMul" and op.get_attr("T") == tf.float16
+               for op in rebuilt.graph.get_operations())
+    np.testing.assert_allclose(fn(tf.ones((4, 4))).numpy(), 4.0)

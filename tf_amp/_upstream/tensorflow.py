@@ -26,6 +26,9 @@ Running rewritten graphs (``tf_amp.runtime``)
   * ``concrete_function.ConcreteFunction.from_func_graph`` -- wraps the rebuilt ``FuncGraph``
     as a callable concrete function with the original's calling convention; no public API
     builds a concrete function from a graph.
+  * ``ConcreteFunction._attrs`` (see :func:`function_attributes`) -- a concrete function's
+    FunctionDef attributes (``experimental_attributes``, ``experimental_implements``'s
+    ``_implements``, ``_noinline``...), which its rebuild must carry; no public getter.
   * ``func_graph.FuncGraph`` -- the graph the rewritten GraphDef is imported into, whose
     ``capture`` binds placeholders to the original variables (no public constructor).
   * ``function_type_utils.canonicalize_function_inputs`` -- binds call arguments exactly as
@@ -222,6 +225,11 @@ def first_trace(function: Any) -> Any:
     return getattr(function, "_concrete_variable_creation_fn", None)
 
 
+def function_attributes(concrete: Any) -> dict[str, Any]:
+    """``{name: AttrValue}``: the FunctionDef attributes ``concrete`` was built with."""
+    return dict(getattr(concrete, "_attrs", None) or {})
+
+
 def add_function_def(function_def: Any) -> None:
     """Registers a FunctionDef with the eager runtime, which resolves calls by name."""
     context.context().add_function_def(function_def)
@@ -272,6 +280,7 @@ __all__ = [
     "fingerprinting",
     "first_trace",
     "forget_eager_outer_context",
+    "function_attributes",
     "has_default_summary_writer",
     "kernels",
     "op_def_registry",

@@ -112,7 +112,13 @@ def rebuild_concrete_function(
     new_graph.control_outputs = list(imported[1])
     new_graph.variables = graph.variables
 
-    attrs = {}
+    # The user's attributes (experimental_attributes, experimental_implements) go with the
+    # function; whether XLA must compile it is decided again below, for the rewritten graph.
+    attrs = {
+        name: value
+        for name, value in upstream_tf.function_attributes(original).items()
+        if name not in _NOT_CARRIED_ATTRS
+    }
     if jit_compile:
         blocking = _ops_without_xla_kernel(graph_def)
         if blocking:
@@ -132,6 +138,12 @@ def rebuild_concrete_function(
     rebuilt._arg_keywords = original._arg_keywords  # noqa: SLF001
     rebuilt._num_positional_args = original._num_positional_args  # noqa: SLF001
     return rebuilt
+
+
+# Not carried to the rebuild: XLA is decided for the rewritten graph; the gradient function
+# names belong to the original's graph.
+_NOT_CARRIED_ATTRS = frozenset({_XLA_MUST_COMPILE, "forward_function_name",
+                                "backward_function_name"})
 
 
 def _ops_without_xla_kernel(graph_def: graph_pb2.GraphDef) -> set[str]:
