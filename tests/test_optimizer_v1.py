@@ -210,3 +210,84 @@ def test_session_floor_warning_and_raise_after_consecutive_skips(capfd):
                 sess.run(train, {poison: np.nan})
     err = capfd.readouterr().err
     assert err.count("loss scale is at its floor") == 1, err
+
+
+# ----------------------------------------------------------------- tf.train.Checkpoint layouts
+def _adam_setup(kind: str):
+    var = tf.Variable([1.0, -2.0])
+    inner = v1.train.AdamOptimizer(0.1)
+    if kind == "plain":
+        opt = inner
+    elif kind == "tf_amp":
+        opt = tf_amp.LossScaleOptimizer(inner, DynamicLossScale(64.0, growth_interval=2))
+    else:  # TensorFlow's own TF1 wrapper
+        opt = v1.mixed_precision.MixedPrecisionLossScaleOptimizer(
+            inner, v1.mixed_precision.DynamicLossScale(64.0, increment_period=2)
+        )
+
+    @tf.function
+    def step():
+        opt.minimize(lambda: tf.reduce_sum(var * var), var_list=[var])
+
+    return var, opt, inner, step
+
+
+def _adam_state(var, inner) -> tuple[list[float], float]:
+    beta1_power, _ = inner._get_beta_accumulators()
+    return inner.get_slot(var, "m").numpy().tolist(), float(beta1_power)
+
+
+@pytest.mark.parametrize(("source", "target"), [("tf1", "tf_amp"), ("plain", "tf_amp"),
+                                                ("tf_amp", "plain"), ("tf_amp", "tf_amp")])
+@pytest.mark.parametrize("restore_first", [False, True])
+def test_checkpoints_move_between_the_wrapper_and_the_optimizers_it_replaces(
+    tmp_path, source: str, target: str, restore_first: bool
+) -> None:
+    # The wrapper wrote the inner optimizer under "inner_optimizer": a plain Adam's or TF1's
+    # wrapper's checkpoint restored nothing of Adam (slots, beta powers) without an error,
+    # and TF1's scale was lost. restore_first: restored before the first step made the slots.
+    var, opt, inner, step = _adam_setup(source)
+    for _ in range(3):
+        step()
+    path = tf.train.Checkpoint(opt=opt, var=var).save(str(tmp_path / "ckpt"))
+    saved = _adam_state(var, inner)
+    var2, opt2, inner2, step2 = _adam_setup(target)
+    if not restore_first:
+        step2()
+    status = tf.train.Checkpoint(opt=opt2, var=var2).restore(path)
+    if target == "plain":
+        status.expect_partial()
+    if not restore_first:
+        assert _adam_state(var2, inner2) == saved
+    else:  # the slots and beta powers take the restored values when the first step makes them
+        np.testing.assert_array_equal(var2.numpy(), var.numpy())
+        step2()
+        step()
+        np.testing.assert_allclose(var2.numpy(), var.numpy(), rtol=1e-6)
+    if source == "tf1":  # 64, doubled after two good steps: 128 and one good step, saved
+        assert float(opt2.loss_scale) == float(opt._loss_scale())
+        assert int(opt2.dynamic_counter) == int(opt._loss_scale._num_good_steps)
+        assert float(opt2.loss_scale) == (256.0 if restore_first else 128.0)
+    if source == "tf_amp" and target == "tf_amp":
+        status.assert_existing_objects_matched()
+        assert float(opt2.loss_scale) == float(opt.loss_scale)
+
+
+def test_a_checkpoint_of_the_earlier_layout_still_restores(tmp_path) -> None:
+    # Earlier wrappers wrote the inner optimizer under "inner_optimizer" and the state as
+    # loss_scale_<field>; written here with the same names.
+    from tf_amp._upstream.tensorflow import AutoTrackable
+
+    var, _, inner, step = _adam_setup("plain")
+    for _ in range(2):
+        step()
+    old = AutoTrackable()
+    old.inner_optimizer = inner
+    old.loss_scale_scale = tf.Variable(32.0)
+    old.loss_scale_good_steps = tf.Variable(1, dtype=tf.int64)
+    path = tf.train.Checkpoint(opt=old, var=var).save(str(tmp_path / "old"))
+    var2, opt2, inner2, step2 = _adam_setup("tf_amp")
+    step2()
+    tf.train.Checkpoint(opt=opt2, var=var2).restore(path).expect_partial()
+    assert _adam_state(var2, inner2) == _adam_state(var, inner)
+    assert float(opt2.loss_scale) == 32.0 and int(opt2.dynamic_counter) == 1

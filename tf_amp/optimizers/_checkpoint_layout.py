@@ -32,6 +32,13 @@ from tf_amp.loss_scale import LossScaleState
 STATE_CHILD = "loss_scale"
 """Checkpoint name of the loss-scale state under the optimizer's own node."""
 
+TF_STATE_NAMES = ("current_loss_scale", "good_steps", "skipped_steps", "consecutive_skips",
+                  "floor_skips")
+"""The state's names in the ``loss_scale`` child of the tf_keras and ``tf.compat.v1`` wrappers,
+in ``LossScaleState`` order. The first two are the names of TensorFlow's dynamic loss scale
+(tf_keras's wrapper, TF1's ``MixedPrecisionLossScaleOptimizer``), whose checkpoints so restore
+the scale and its counter."""
+
 KERAS_INNER_CHILD = "inner_optimizer"
 """Where Keras 3's wrapper writes its inner optimizer; a child only its layout has."""
 

@@ -24,15 +24,11 @@ from tf_amp.loss_scale import LossScaleState
 from tf_amp.ops import unscale_and_check_finite
 from tf_amp.optimizers import _apply_or_skip, _common, _scaled_losses, _summaries
 from tf_amp.optimizers._apply_or_skip import KeepWhole
-from tf_amp.optimizers._checkpoint_layout import StateTrackable
+from tf_amp.optimizers._checkpoint_layout import TF_STATE_NAMES, StateTrackable
 from tf_amp.optimizers._host_floor_alarm import HostFloorAlarm
 from tf_amp.optimizers._legacy_scale_args import legacy_loss_scale
 from tf_amp.optimizers._tf_keras_config import TfKerasConfig
-from tf_amp.optimizers._tf_keras_state import (
-    CHECKPOINT_NAMES,
-    TfKerasScaleState,
-    create_state_variables,
-)
+from tf_amp.optimizers._tf_keras_state import TfKerasScaleState, create_state_variables
 from tf_amp.optimizers._unscaled_marks import UnscaledMarks, current_graph
 
 
@@ -118,7 +114,7 @@ class TfKerasLossScaling(TfKerasScaleState, TfKerasConfig):
         put("_state_vars", state_vars)
         put("_host_floor_alarm", HostFloorAlarm())
         put("_state_checkpoint", StateTrackable(
-            state_vars, self._host_floor_alarm.events.counts, names=CHECKPOINT_NAMES
+            state_vars, self._host_floor_alarm.events.counts, names=TF_STATE_NAMES
         ))
         # Delegated: the entry hangs on the inner optimizer, where tf_keras's wrapper puts it.
         self._track_trackable(self._state_checkpoint, "loss_scale", overwrite=True)

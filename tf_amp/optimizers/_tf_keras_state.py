@@ -17,12 +17,6 @@ from tf_amp.loss_scale._base import checked_scale
 from tf_amp.optimizers._host_floor_alarm import ChecksSkipsOnHost
 from tf_amp.optimizers._policy_views import PolicyViews
 
-# Checkpoint names of the state, in LossScaleState order. The first two are the names tf_keras's
-# own dynamic loss scale uses, so its checkpoints restore the scale and counter here.
-CHECKPOINT_NAMES = ("current_loss_scale", "good_steps", "skipped_steps", "consecutive_skips",
-                    "floor_skips")
-
-
 
 def create_state_variables(policy: LossScale) -> list[tf.Variable]:
     """One variable per ``LossScaleState`` field, at the policy's initial values, created now

@@ -26,8 +26,12 @@ from tf_amp.loss_scale import LossScale, LossScaleState
 from tf_amp.loss_scale._base import checked_scale
 from tf_amp.ops import unscale_and_check_finite
 from tf_amp.optimizers import _apply_or_skip, _common, _summaries
+from tf_amp.optimizers._checkpoint_layout import STATE_CHILD, TF_STATE_NAMES, StateTrackable
 
 _V1Optimizer = tf.compat.v1.train.Optimizer
+# Where earlier layouts put the inner optimizer: TensorFlow's MixedPrecisionLossScaleOptimizer,
+# and this wrapper before it took the inner optimizer's layout.
+_INNER_CHILDREN = frozenset({"base_optimizer", "inner_optimizer"})
 
 
 class V1LossScaleOptimizer(_V1Optimizer):
@@ -60,7 +64,6 @@ class V1LossScaleOptimizer(_V1Optimizer):
         super().__init__(use_locking=False, name=name or f"LossScale{inner_optimizer.get_name()}")
         self._inner = inner_optimizer
         _common.mark_wrapped(inner_optimizer, self)
-        self._track_trackable(inner_optimizer, "inner_optimizer")
         self._policy = policy
         self.enabled = bool(enabled)
         self.floor_warning_skips, self.max_consecutive_skips = skip_limits
@@ -103,11 +106,50 @@ class V1LossScaleOptimizer(_V1Optimizer):
                         )
                     )
             for field, variable in zip(LossScaleState._fields, variables, strict=True):
-                self._track_trackable(variable, f"loss_scale_{field}", overwrite=True)
+                # A restore made before the state existed (an earlier layout's names) lands.
+                self._handle_deferred_dependencies(f"loss_scale_{field}", variable)
                 if self.implicit:
                     variable._tf_amp_implicit_state = True  # see auto_loss_scale.saver patches
             self._state_vars, self._state_graph = variables, graph
+            state = StateTrackable(variables, names=TF_STATE_NAMES)
+            self._track_trackable(state, STATE_CHILD, overwrite=True)
         return variables
+
+    # ------------------------------------------------------------------- checkpoints
+    # The layout is the inner optimizer's (its variables under their names, its slots as the
+    # slots of this node) plus one child, ``loss_scale``, holding the state under TF1's names
+    # (``current_loss_scale``, ``good_steps``, then tf_amp's counters). So a checkpoint of the
+    # plain optimizer restores into the wrapper (the scale starts afresh), the wrapper's into the
+    # plain optimizer (``expect_partial()``), and one of TensorFlow's own
+    # ``MixedPrecisionLossScaleOptimizer`` (inner under ``base_optimizer``) into the wrapper,
+    # its scale and counter included. The wrapper's earlier layout (inner under
+    # ``inner_optimizer``, the state as ``loss_scale_<field>``) still restores.
+    def _trackable_children(self, save_type: str = "checkpoint", **kwargs: Any) -> dict[str, Any]:
+        found = dict(self._inner._trackable_children(save_type, **kwargs))  # noqa: SLF001
+        found.update(super()._trackable_children(save_type, **kwargs))
+        return found
+
+    def _lookup_dependency(self, name: str, cached_dependencies: Any = None) -> Any:
+        if name in _INNER_CHILDREN:
+            return self._inner
+        if name.startswith("loss_scale_") and self._state_vars is not None:
+            field = name[len("loss_scale_"):]
+            if field in LossScaleState._fields:
+                return self._state_vars[LossScaleState._fields.index(field)]
+        own = super()._lookup_dependency(name, cached_dependencies)
+        if own is not None:
+            return own
+        return self._inner._lookup_dependency(name, cached_dependencies)  # noqa: SLF001
+
+    @property
+    def _deferred_dependencies(self) -> dict[str, Any]:
+        # One table for both: a child the inner optimizer makes later (Adam's beta1_power at the
+        # first minimize) finds the restore waiting for it there.
+        self._inner._maybe_initialize_trackable()  # noqa: SLF001
+        return self._inner._deferred_dependencies  # noqa: SLF001
+
+    def _create_or_restore_slot_variable(self, *args: Any, **kwargs: Any) -> Any:
+        return self._inner._create_or_restore_slot_variable(*args, **kwargs)  # noqa: SLF001
 
     def _state(self) -> LossScaleState:
         return LossScaleState(*(tf.convert_to_tensor(v) for v in self._ensure_state()))
@@ -127,6 +169,12 @@ class V1LossScaleOptimizer(_V1Optimizer):
     def skipped_steps(self) -> tf.Tensor:
         return tf.convert_to_tensor(self._ensure_state()[2])
 
+    @property
+    def dynamic_counter(self) -> tf.Tensor | None:
+        """Consecutive finite steps since the scale last changed; None for a static scale (as
+        the Keras wrappers say it)."""
+        return tf.convert_to_tensor(self._ensure_state()[1]) if self._policy.dynamic else None
+
     def loss_scale_metrics(self) -> dict[str, tf.Tensor]:
         return {
             "loss_scale": self.loss_scale,
@@ -140,12 +188,9 @@ class V1LossScaleOptimizer(_V1Optimizer):
         return self._inner.get_slot(var, name)
 
     def get_slot_names(self) -> list[str]:
-        """Empty: the slots belong to ``inner_optimizer`` (ask it for their names).
-
-        ``tf.train.Checkpoint`` saves the slots of every object that names them; naming the
-        inner optimizer's slots here too would save each slot twice, which it refuses.
-        """
-        return []
+        """The inner optimizer's: a checkpoint saves them as this node's slots, where a
+        plain optimizer's checkpoint has them."""
+        return self._inner.get_slot_names()
 
     # ------------------------------------------------------------------------ gradients
     def get_scaled_loss(self, loss: Any) -> Any:
