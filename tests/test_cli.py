@@ -451,3 +451,74 @@ def test_a_target_forced_by_the_flag_is_named_as_the_flag(
     # from the environment (the suite sets TF_AMP_TARGET_DTYPE), the config's own wording
     assert cli.main(["lists"]) == 0
     assert "(--target-dtype)" not in capsys.readouterr().out
+
+
+def test_assets_named_like_the_top_level_files_are_copied(tmp_path: Path) -> None:
+    # The copy skipped every file named saved_model.pb or fingerprint.pb, at any depth: the
+    # rewritten model lost such assets and failed when it read them.
+    for name in ("saved_model.pb", "fingerprint.pb"):
+        (tmp_path / name).write_text(f"contents of {name}")
+
+    class Reader(tf.Module):
+        def __init__(self) -> None:
+            self.assets = [tf.saved_model.Asset(str(tmp_path / n))
+                           for n in ("saved_model.pb", "fingerprint.pb")]
+
+        @tf.function(input_signature=[])
+        def __call__(self) -> tf.Tensor:
+            return tf.strings.join([tf.io.read_file(a) for a in self.assets], "|")
+
+    source, target = tmp_path / "fp32", tmp_path / "amp"
+    tf.saved_model.save(Reader(), str(source))
+    assert cli.main(["rewrite", str(source), str(target), "--target-dtype", "float16"]) == 0
+    assert tf.saved_model.load(str(target))().numpy() == (
+        b"contents of saved_model.pb|contents of fingerprint.pb")
+
+
+def test_a_log_dir_inside_in_or_out_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Inside OUT the logs were written, then deleted with the old OUT, while the command said
+    # all was well; inside IN they were written into the user's model.
+    source, target = tmp_path / "fp32", tmp_path / "amp"
+    _saved_model(source)
+    for inside in (target / "logs", source / "logs"):
+        assert cli.main(["rewrite", str(source), str(target), "--log-dir", str(inside)]) == 2
+        assert "is inside" in capsys.readouterr().err
+        assert not inside.exists()
+    assert cli.main(["rewrite", str(source), str(target), "--log-dir",
+                     str(tmp_path / "logs")]) == 0
+    assert any((tmp_path / "logs").iterdir())
+
+
+def test_the_same_input_gives_the_same_bytes_in_every_process(tmp_path: Path) -> None:
+    # Maps serialised in hash order: three processes wrote three different files.
+    import os
+    import subprocess
+    import sys
+
+    source = tmp_path / "fp32"
+    _saved_model(source)
+    graph = tmp_path / "in.pb"
+    cli.write_graph_def(_matmul_graph_def(), str(graph))
+    outputs = set()
+    for seed in ("1", "2", "3"):
+        code = ("from tf_amp import cli; import sys; "
+                f"sys.exit(cli.main(['rewrite', r'{source}', r'{tmp_path / ('sm' + seed)}']) "
+                f"or cli.main(['rewrite', r'{graph}', r'{tmp_path / ('g' + seed + '.pb')}']))")
+        subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                       env={**os.environ, "PYTHONHASHSEED": seed, "TF_CPP_MIN_LOG_LEVEL": "2",
+                            "TF_AMP_TARGET_DTYPE": "float16"})
+        outputs.add(((tmp_path / f"sm{seed}" / "saved_model.pb").read_bytes(),
+                     (tmp_path / f"g{seed}.pb").read_bytes()))
+    assert len(outputs) == 1
+
+
+def test_a_file_that_parses_to_no_node_is_not_a_graph_def(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = tmp_path / "fp32"
+    _saved_model(source)  # its fingerprint.pb parsed as a GraphDef of unknown fields
+    assert cli.main(["rewrite", str(source / "fingerprint.pb"), str(tmp_path / "x.pb")]) == 2
+    assert "holds no node: not a GraphDef" in capsys.readouterr().err
+    assert not (tmp_path / "x.pb").exists()

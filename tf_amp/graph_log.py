@@ -52,7 +52,7 @@ def write_event_graph(run_dir: str, graph_def: graph_pb2.GraphDef) -> str:
     os.makedirs(run_dir, exist_ok=True)
     writer = _pywrap_events_writer.EventsWriter(os.path.join(run_dir, "events").encode())
     event = event_pb2.Event(wall_time=time.time(), step=0)
-    event.graph_def = strip_colocation(graph_def).SerializeToString()
+    event.graph_def = strip_colocation(graph_def).SerializeToString(deterministic=True)
     writer.WriteEvent(event)
     writer.Flush()
     path = writer.FileName()
@@ -98,12 +98,13 @@ def _write_rewrite_logs(
             f.write(data)
         paths[kind] = path
 
-    put("preop_pb", f"graphdef_preop_{stamp}.pb", before.SerializeToString(), binary=True)
+    put("preop_pb", f"graphdef_preop_{stamp}.pb", before.SerializeToString(deterministic=True),
+        binary=True)
     put("preop_pbtxt", f"graphdef_preop_{stamp}.pbtxt", text_format.MessageToString(before))
     put(
         "after_pb",
         f"graphdef_AutoMixedPrecision_{stamp}.pb",
-        after.SerializeToString(),
+        after.SerializeToString(deterministic=True),
         binary=True,
     )
     put(

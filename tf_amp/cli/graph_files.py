@@ -22,7 +22,7 @@ def read_graph_def(path: str) -> Any:
             text_format.Parse(data.decode("utf-8"), graph_def)
         except (text_format.ParseError, UnicodeDecodeError) as error:
             raise ValueError(f"{path} is not a text GraphDef: {error}") from None
-        return graph_def
+        return _with_nodes(graph_def, path)
     try:
         graph_def.ParseFromString(data)
     except Exception:  # noqa: BLE001 - fall back to text, then report both failures
@@ -30,6 +30,15 @@ def read_graph_def(path: str) -> Any:
             text_format.Parse(data.decode("utf-8"), graph_def)
         except Exception as error:
             raise ValueError(f"{path} is neither a binary nor a text GraphDef") from error
+    return _with_nodes(graph_def, path)
+
+
+def _with_nodes(graph_def: Any, path: str) -> Any:
+    """``graph_def``, or a ValueError when it holds no node: another message's bytes can parse
+    as a GraphDef whose fields are all unknown (a fingerprint.pb did), and a graph of nothing
+    would be "rewritten" as one."""
+    if not graph_def.node and not graph_def.library.function:
+        raise ValueError(f"{path} holds no node: not a GraphDef")
     return graph_def
 
 
@@ -41,8 +50,8 @@ def write_graph_def(graph_def: Any, path: str) -> None:
         with open(path, "w", encoding="utf-8") as f:
             f.write(text_format.MessageToString(graph_def))
     else:
-        with open(path, "wb") as f:
-            f.write(graph_def.SerializeToString())
+        with open(path, "wb") as f:  # the same input and config give the same bytes
+            f.write(graph_def.SerializeToString(deterministic=True))
 
 
 def read_bytes(path: str) -> bytes:

@@ -33,6 +33,7 @@ def rewrite_saved_model(source: str, target: str, config: Any) -> Any:
     if not os.path.exists(pb_path):
         raise FileNotFoundError(f"{source} is a directory without saved_model.pb")
     _check_saved_model_target(source, target)
+    _check_log_dir(source, target, config.log_dir)
     saved_model = _read_saved_model(pb_path)
     check_preserved(_all_nodes(saved_model), config.preserve_nodes, pb_path)
     reports = []
@@ -48,11 +49,18 @@ def rewrite_saved_model(source: str, target: str, config: Any) -> Any:
         reports.append(result.report)
     if os.path.exists(target):
         shutil.rmtree(target)
-    # fingerprint.pb describes the original saved_model.pb: it is made anew below.
-    ignore = shutil.ignore_patterns("saved_model.pb", _FINGERPRINT)
+    # fingerprint.pb describes the original saved_model.pb: it is made anew below. Only the
+    # top level's: an asset may have either name.
+    top = os.path.realpath(source)
+
+    def ignore(directory: str, names: list[str]) -> set[str]:
+        if os.path.realpath(directory) != top:
+            return set()
+        return {"saved_model.pb", _FINGERPRINT} & set(names)
+
     shutil.copytree(source, target, ignore=ignore)
     with open(os.path.join(target, "saved_model.pb"), "wb") as f:
-        f.write(saved_model.SerializeToString())
+        f.write(saved_model.SerializeToString(deterministic=True))  # as TensorFlow writes it
     if os.path.exists(os.path.join(source, _FINGERPRINT)):
         _write_fingerprint(target)
     marker = os.path.join(target, _MARKER)
@@ -107,6 +115,22 @@ def _check_saved_model_target(source: str, target: str) -> None:
             )
     elif os.path.exists(target) and not os.path.isdir(target):
         raise FileExistsError(f"OUT {target} is a file; a SavedModel is a directory")
+
+
+def _check_log_dir(source: str, target: str, log_dir: str | None) -> None:
+    """Refuses a ``--log-dir`` inside IN (the logs would be written into the user's model, and
+    copied into OUT) or inside OUT (written during the rewrite, then deleted when OUT is
+    replaced by the copy, while the command said it wrote them)."""
+    if not log_dir:
+        return
+    logs = os.path.realpath(log_dir)
+    for role, path in (("IN", source), ("OUT", target)):
+        root = os.path.realpath(path)
+        if os.path.commonpath([root, logs]) == root:
+            raise ValueError(
+                f"--log-dir {log_dir} is inside {role} {path}; give a directory outside both "
+                "SavedModels"
+            )
 
 
 def _write_fingerprint(export_dir: str) -> None:
