@@ -535,3 +535,23 @@ def test_infer_follows_allow_is_tensorflows_pass_4_and_the_default() -> None:
     assert result.report.decision_for("mul").pass_name == "add_infer_following_allow"
     # here no Cast is saved: the half values end in a Cast back to float32 anyway
     assert len(new_casts(gd, out)) >= len(new_casts(gd, off))
+
+
+def test_the_converted_line_counts_the_same_nodes_whatever_the_target() -> None:
+    # The Y of "Converted X/Y" counted the library's nodes when a body was painted and only
+    # the main graph's when the target was float32 or the level O0.
+    w = tf.Variable(tf.ones((8, 8)))
+
+    @tf.function
+    def step(x, n):
+        _, y = tf.while_loop(lambda i, y: i < n, lambda i, y: (i + 1, tf.matmul(y, w)), (0, x))
+        return tf.reduce_sum(y)
+
+    graph_def = step.get_concrete_function(
+        tf.TensorSpec([4, 8]), tf.TensorSpec([], tf.int32)
+    ).graph.as_graph_def()
+    total = len(graph_def.node) + sum(len(f.node_def) for f in graph_def.library.function)
+    configs = (RewriteConfig(target_dtype="float16"), RewriteConfig(target_dtype="float32"),
+               RewriteConfig(target_dtype="float16", opt_level="O0"))
+    assert [rewrite_graph_def(graph_def, c).report.nodes_before for c in configs] == [total] * 3
+    assert total > len(graph_def.node)

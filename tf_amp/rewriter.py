@@ -121,11 +121,11 @@ def _rewrite(
         default_device_type=config.default_device_type,
     )
     if config.opt_level == "O0":
-        report.nodes_before = len(out.node)
+        report.nodes_before = _nodes_in_bodies(out, config)
         logger.info("opt level O0, graph left unchanged (nothing to do)", extra=_AS_REPORT)
         return RewriteResult(out, report)
     if config.target_dtype == "float32":
-        report.nodes_before = len(out.node)
+        report.nodes_before = _nodes_in_bodies(out, config)
         say_once(  # every graph of a run has the same reason: a Session rewrites many
             ("float32 unchanged", config.target_reason),
             logging.INFO,
@@ -260,6 +260,14 @@ def _upgrade_batch_norms(columns: NodeColumns, preserve: frozenset[str]) -> bool
         ops[i] = new_op
         changed = True
     return changed
+
+
+def _nodes_in_bodies(graph_def: graph_pb2.GraphDef, config: RewriteConfig) -> int:
+    """The Y of "Converted X/Y nodes" when nothing is painted: the nodes of every body a
+    rewrite would paint (the library's too, unless ``rewrite_functions`` is off), as counted
+    when one is, so the same graph gives the same Y whatever the target."""
+    functions = graph_def.library.function if config.rewrite_functions else ()
+    return len(graph_def.node) + sum(len(f.node_def) for f in functions)
 
 
 def _copy_graph_def(graph_def: Any) -> graph_pb2.GraphDef:
