@@ -522,3 +522,29 @@ def test_a_file_that_parses_to_no_node_is_not_a_graph_def(
     assert cli.main(["rewrite", str(source / "fingerprint.pb"), str(tmp_path / "x.pb")]) == 2
     assert "holds no node: not a GraphDef" in capsys.readouterr().err
     assert not (tmp_path / "x.pb").exists()
+
+
+def test_inspect_counts_only_what_the_rewrite_did(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A graph with the user's own float16 MatMul and Cast: inspect counted them as converted
+    # by the rewrite ("MatMul 2", "1 to 16-bit" beside "Converted 1/... using 0 cast(s)").
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [4, 8], name="x")
+        h = tf.cast(x, tf.float16, name="users_cast")
+        h = tf.matmul(h, tf.ones((8, 8), tf.float16), name="users_half_mm")
+        y = tf.matmul(x, tf.ones((8, 8)), name="mm")
+        tf.identity(tf.cast(h, tf.float32) + y, name="out")
+    source, logs = tmp_path / "in.pb", tmp_path / "logs"
+    cli.write_graph_def(graph.as_graph_def(), str(source))
+    assert cli.main(["rewrite", str(source), str(tmp_path / "out.pb"), "--target-dtype",
+                     "float16", "--log-dir", str(logs)]) == 0
+    capsys.readouterr()
+    assert cli.main(["inspect", str(logs)]) == 0
+    text = capsys.readouterr().out
+    by_type = text.split("by type:")[1].split("casts:")[0]
+    assert re.search(r"MatMul\s+1\n", by_type), text
+    summary = re.search(r"using (\d+) cast\(s\)", text)
+    casts = re.search(r"casts: (\d+) to 16-bit", text)
+    assert summary and casts and casts.group(1) == summary.group(1), text

@@ -11,6 +11,10 @@ from typing import Any
 
 from tf_amp.cli.graph_files import read_graph_def
 
+# DT_HALF and DT_BFLOAT16 (types.proto), spelled out: importing TensorFlow's protos here would
+# import TensorFlow before the command has parsed its arguments.
+_HALF = (19, 14)
+
 _SOURCE_OPS = frozenset(
     {"Const", "Placeholder", "VarHandleOp", "ReadVariableOp", "VariableV2", "_Arg", "_Retval"}
 )
@@ -58,15 +62,15 @@ def format_graph_summary(stamp: str, files: dict[str, str], max_islands: int = 5
     out = [f"== graph {stamp}", f"  {head.get('summary', '')}"]
     if head.get("target_reason"):
         out.append(f"  target: {head.get('target_dtype')} ({head['target_reason']})")
+    before = read_graph_def(files["before"]) if "before" in files else None
     if "after" in files:
         after = read_graph_def(files["after"])
-        converted = converted_ops_by_type(after)
+        converted = converted_ops_by_type(after, before)
         if converted:
             out.append("  ops converted to 16-bit, by type:")
             out.extend(f"    {op:<28} {count}" for op, count in converted.most_common())
-        to_half, to_float = count_casts(after)
+        to_half, to_float = count_casts(after, before)
         out.append(f"  casts: {to_half} to 16-bit, {to_float} back to float32 (all bodies)")
-    before = read_graph_def(files["before"]) if "before" in files else None
     islands = float32_islands(decisions, before)
     out.append(f"  float32 islands: {len(islands)}")
     for island in islands[:max_islands]:
@@ -116,37 +120,54 @@ def _check_decision(record: dict[str, Any], where: str) -> None:
         raise ValueError(f"{where}: a decision whose {', '.join(map(repr, wrong))} is not text")
 
 
-def converted_ops_by_type(graph_def: Any) -> collections.Counter:
-    """Op types (not Casts) with a 16-bit type attr, over the main graph and the library."""
-    from tensorflow.core.framework import types_pb2
-
-    half = (types_pb2.DT_HALF, types_pb2.DT_BFLOAT16)
+def converted_ops_by_type(graph_def: Any, before: Any = None) -> collections.Counter:
+    """Op types (not Casts) with a 16-bit type attr, over the main graph and the library;
+    given the graph ``before`` the rewrite, only the nodes it did not already have so (a model
+    built in float16, or under Keras's mixed policy, is not the rewrite's work)."""
     counts: collections.Counter = collections.Counter()
-    for node in _all_nodes(graph_def):
-        if node.op == "Cast":
+    earlier = _nodes_by_place(before) if before is not None else {}
+    for place, node in _nodes_by_place(graph_def).items():
+        if node.op == "Cast" or not _has_half_attr(node):
             continue
-        if any(
-            attr.type in half or any(t in half for t in attr.list.type)
-            for attr in node.attr.values()
-        ):
-            counts[node.op] += 1
+        if place in earlier and _has_half_attr(earlier[place]):
+            continue
+        counts[node.op] += 1
     return counts
 
 
-def count_casts(graph_def: Any) -> tuple[int, int]:
+def count_casts(graph_def: Any, before: Any = None) -> tuple[int, int]:
+    """Casts float32 -> 16-bit and back, over every body; given the graph ``before`` the
+    rewrite, only those it inserted or retargeted (the user's own Casts are not counted)."""
     from tensorflow.core.framework import types_pb2
 
-    half = (types_pb2.DT_HALF, types_pb2.DT_BFLOAT16)
+    earlier = _nodes_by_place(before) if before is not None else {}
     to_half = to_float = 0
-    for node in _all_nodes(graph_def):
+    for place, node in _nodes_by_place(graph_def).items():
         if node.op != "Cast":
             continue
         src, dst = node.attr["SrcT"].type, node.attr["DstT"].type
-        if dst in half and src == types_pb2.DT_FLOAT:
+        old = earlier.get(place)
+        if old is not None and old.op == "Cast" and (
+            (old.attr["SrcT"].type, old.attr["DstT"].type) == (src, dst)
+        ):
+            continue
+        if dst in _HALF and src == types_pb2.DT_FLOAT:
             to_half += 1
-        elif src in half and dst == types_pb2.DT_FLOAT:
+        elif src in _HALF and dst == types_pb2.DT_FLOAT:
             to_float += 1
     return to_half, to_float
+
+
+def _has_half_attr(node: Any) -> bool:
+    return any(
+        attr.type in _HALF or any(t in _HALF for t in attr.list.type)
+        for attr in node.attr.values()
+    )
+
+
+def _nodes_by_place(graph_def: Any) -> dict[tuple[str, str], Any]:
+    """{(body, node name): node} over the main graph ("") and the library's functions."""
+    return {(body, node.name): node for body, nodes in _bodies(graph_def) for node in nodes}
 
 
 def float32_islands(decisions: list[dict[str, Any]], before: Any) -> list[list[dict[str, Any]]]:
@@ -191,8 +212,3 @@ def _bodies(graph_def: Any) -> Iterable[tuple[str, Any]]:
     yield "", graph_def.node
     for function in graph_def.library.function:
         yield function.signature.name, function.node_def
-
-
-def _all_nodes(graph_def: Any) -> Iterable[Any]:
-    for _, nodes in _bodies(graph_def):
-        yield from nodes
