@@ -524,6 +524,16 @@ def test_a_file_that_parses_to_no_node_is_not_a_graph_def(
     assert not (tmp_path / "x.pb").exists()
 
 
+def test_a_text_saved_model_is_refused_saying_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = tmp_path / "text_model"
+    source.mkdir()
+    (source / "saved_model.pbtxt").write_text("saved_model_schema_version: 1")
+    assert cli.main(["rewrite", str(source), str(tmp_path / "out")]) == 2
+    assert "holds a text SavedModel (saved_model.pbtxt)" in capsys.readouterr().err
+
+
 def test_inspect_counts_only_what_the_rewrite_did(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

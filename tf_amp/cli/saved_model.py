@@ -31,6 +31,11 @@ def rewrite_saved_model(source: str, target: str, config: Any) -> Any:
 
     pb_path = os.path.join(source, "saved_model.pb")
     if not os.path.exists(pb_path):
+        if os.path.exists(os.path.join(source, "saved_model.pbtxt")):
+            raise ValueError(
+                f"{source} holds a text SavedModel (saved_model.pbtxt); tf-amp rewrites binary "
+                "ones: save it again without as_text"
+            )
         raise FileNotFoundError(f"{source} is a directory without saved_model.pb")
     _check_saved_model_target(source, target)
     _check_log_dir(source, target, config.log_dir)
