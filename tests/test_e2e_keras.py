@@ -222,3 +222,22 @@ def test_fit_under_mirrored_strategy_runs_the_half_step(tmp_path) -> None:
     assert last < first
     assert iterations == 16
     assert "Conv2D" in fields[3] and "MatMul" in fields[3]
+
+
+def test_attention_over_padding_trains_in_float16(compile_hook: None) -> None:
+    # Keras masks attention logits with -1e9 in a float32 graph; folded to float16 it was
+    # -inf, a fully masked (padded) query row's softmax was NaN, and every step was skipped.
+    keras.utils.set_random_seed(0)
+    tokens = keras.Input((6,), dtype="int32")
+    embedded = keras.layers.Embedding(10, 8, mask_zero=True)(tokens)
+    attended = keras.layers.MultiHeadAttention(num_heads=1, key_dim=8)(embedded, embedded)
+    pooled = keras.layers.GlobalAveragePooling1D()(attended)
+    model = keras.Model(tokens, keras.layers.Dense(1, activation="sigmoid")(pooled))
+    opt = tf_amp.enable_mixed_precision_graph_rewrite(keras.optimizers.Adam(1e-2))
+    model.compile(optimizer=opt, loss="binary_crossentropy")
+    x = np.array([[5, 3, 7, 0, 0, 0], [2, 4, 0, 0, 0, 0]] * 4)
+    y = np.array([0.0, 1.0] * 4, np.float32)
+    losses = model.fit(x, y, batch_size=8, epochs=4, verbose=0).history["loss"]
+    assert np.isfinite(losses).all() and losses[-1] < losses[0], losses
+    assert int(opt.skipped_steps) == 0
+    assert np.isfinite(model.predict(x, verbose=0)).all()

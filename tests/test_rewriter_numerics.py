@@ -98,3 +98,24 @@ def test_training_step_graphs_import(name: str) -> None:
     with graph.as_default():
         tf.graph_util.import_graph_def(result.graph_def, name="")  # dtype-checks every edge
     assert result.report.casts_to_half > 0
+
+
+@pytest.mark.parametrize("target", ["float16", "bfloat16"])
+def test_a_constant_beyond_the_targets_range_is_folded_to_its_largest_finite(target) -> None:
+    # -1e9 (Keras's attention mask) became -inf in float16; infinities and NaNs stay.
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [2, 4], name="x")
+        h = tf.matmul(x, tf.ones((4, 4)), name="mm")
+        big = tf.constant([-1e9, 1e9, -np.inf, 3.0], name="big")
+        tf.identity(tf.nn.softmax(tf.where(h > 0, h, big)), name="out")
+    result = rewrite_graph_def(graph.as_graph_def(), RewriteConfig(
+        target_dtype=target, preserve_nodes=frozenset({"x", "out"})))
+    (node,) = [n for n in result.graph_def.node if n.name == "big"]
+    value = tf.make_ndarray(node.attr["value"].tensor).astype(np.float32)
+    largest = {"float16": 65504.0, "bfloat16": 1e9}[target]  # 1e9 fits in bfloat16
+    if node.attr["dtype"].type == tf.as_dtype(target).as_datatype_enum:
+        np.testing.assert_allclose(value[:2], [-largest, largest], rtol=1e-2)
+        assert value[2] == -np.inf and value[3] == 3.0
+    else:
+        pytest.fail(f"'big' was not folded to {target}: the test no longer tests folding")

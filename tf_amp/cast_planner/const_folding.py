@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from tf_amp.painter import ALLOW_C, Painting
@@ -68,10 +69,29 @@ def _tensor_to_half(tensor: Any, target: int) -> bool:
     half = _half_numpy_dtype(target)
     if tensor.tensor_content:
         values = np.frombuffer(tensor.tensor_content, dtype="<f4")
-        tensor.tensor_content = values.astype(half).view("<u2").tobytes()
+        tensor.tensor_content = _saturating_cast(values, half).view("<u2").tobytes()
     else:  # float_val (empty for a zero-filled Const: nothing to convert)
-        bits = np.asarray(tensor.float_val, dtype=np.float32).astype(half).view(np.uint16)
+        values = np.asarray(tensor.float_val, dtype=np.float32)
+        bits = _saturating_cast(values, half).view(np.uint16)
         del tensor.float_val[:]
         tensor.half_val.extend(int(b) for b in bits)
     tensor.dtype = target
     return True
+
+
+def _saturating_cast(values: np.ndarray, half: Any) -> np.ndarray:
+    """``values`` in ``half``, finite values beyond its range clipped to its largest finite
+    number instead of rounded to infinity.
+
+    Why: such constants are "very large" sentinels, above all Keras's attention mask, which
+    adds or selects -1e9 (a float32 graph's value: Keras picks -3e4 only when it builds the
+    layer in float16). As float16 -inf, a fully masked row's softmax is exp(-inf - -inf): NaN,
+    and every step is skipped. -65504 keeps the mask's meaning: such a row comes out uniform,
+    as in float32 and under Keras's mixed policy. Infinities and NaNs stay what they are.
+    """
+    largest = float(ml_dtypes.finfo(half).max)
+    finite = np.isfinite(values)
+    if finite.all() and (np.abs(values) <= largest).all():
+        return values.astype(half)
+    clipped = np.where(finite, np.clip(values, -largest, largest), values)
+    return clipped.astype(half)
