@@ -182,6 +182,9 @@ NORMALIZATION_GUARD = "NORMALIZATION_GUARD"
 # A node that serves only variable updates (tf_amp.painter.update_guard), kept float32 on
 # purpose: bfloat16's default, measured faster on a CPU.
 UPDATE_GUARD = "UPDATE_GUARD"
+# A node of a Keras model's compiled loss or its gradient (tf_amp.painter.loss_guard), kept
+# float32 as Keras's policies compute losses.
+LOSS_GUARD = "LOSS_GUARD"
 # A gather or slice of a float32 weight table (tf_amp.painter.table_selection), kept float32 so
 # the Cast is of the rows it selects.
 TABLE_SELECTION = "TABLE_SELECTION"
@@ -216,6 +219,11 @@ REASONS: dict[str, str] = {
         "default: a BERT-like train step 2-4% faster on a CPU with AVX512-BF16, and the "
         "optimizer's moments no longer read through bfloat16); TensorFlow paints it half "
         "by its pass 4 when the gradient comes out of a half op"
+    ),
+    LOSS_GUARD: (
+        "a node of a Keras model's compiled loss or its gradient: kept float32 as Keras's "
+        "mixed policies compute losses (tf_amp.painter.loss_guard: 1 - 1e-7, "
+        "binary_crossentropy's clip bound, is 1.0 in 16 bits); TensorFlow paints it half"
     ),
     TABLE_SELECTION: (
         "a gather or slice of a float32 weight table that nothing else reads (an embedding "
@@ -272,6 +280,9 @@ def classify(result: RewriteResult, comparison: Comparison) -> dict[str, list]:
             continue
         if block == "table-selection":
             buckets[TABLE_SELECTION].append(key)
+            continue
+        if block == "compiled-loss":
+            buckets[LOSS_GUARD].append(key)
             continue
         if view.v_attr[v] == "element_dtype":
             decision = result.report.decision_for(key[1], key[2], key[0])

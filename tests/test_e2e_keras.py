@@ -241,3 +241,34 @@ def test_attention_over_padding_trains_in_float16(compile_hook: None) -> None:
     assert np.isfinite(losses).all() and losses[-1] < losses[0], losses
     assert int(opt.skipped_steps) == 0
     assert np.isfinite(model.predict(x, verbose=0)).all()
+
+
+@pytest.mark.parametrize("target", ["float16", "bfloat16"])
+def test_a_loss_on_probabilities_trains_like_float32(
+    compile_hook: None, target: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # binary_crossentropy clips probabilities to [1e-7, 1 - 1e-7]; painted half (TensorFlow's
+    # passes 3 and 4 paint a loss between the forward's and the backward's MatMuls), 1 - 1e-7
+    # was 1.0 and log(1 - p) log(0): NaN from the third epoch, NaN weights in bfloat16.
+    monkeypatch.setenv("TF_AMP_TARGET_DTYPE", target)
+    rng = np.random.RandomState(0)
+    x = rng.randn(256, 4).astype("float32")
+    y = (x[:, :1] > 0).astype("float32")
+
+    def train(optimizer: keras.optimizers.Optimizer) -> tuple[list[float], keras.Model]:
+        keras.utils.set_random_seed(0)
+        inputs = keras.Input((4,))
+        hidden = keras.layers.Dense(16, activation="relu")(inputs)
+        probabilities = keras.layers.Dense(1, activation="sigmoid")(hidden)
+        # A layer after the sigmoid: Keras cannot take the logits back, the clip is used.
+        model = keras.Model(inputs, keras.layers.Reshape((1,))(probabilities))
+        model.compile(optimizer=optimizer, loss="binary_crossentropy")
+        history = model.fit(x, y, batch_size=32, epochs=6, verbose=0).history["loss"]
+        return history, model
+
+    float32_losses, _ = train(keras.optimizers.Adam(5e-2))
+    opt = tf_amp.enable_mixed_precision_graph_rewrite(keras.optimizers.Adam(5e-2))
+    amp_losses, model = train(opt)
+    assert np.isfinite(amp_losses).all(), amp_losses
+    assert all(np.isfinite(w).all() for w in model.get_weights())
+    np.testing.assert_allclose(amp_losses[-1], float32_losses[-1], atol=0.01)

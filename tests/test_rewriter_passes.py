@@ -555,3 +555,27 @@ def test_the_converted_line_counts_the_same_nodes_whatever_the_target() -> None:
                RewriteConfig(target_dtype="float16", opt_level="O0"))
     assert [rewrite_graph_def(graph_def, c).report.nodes_before for c in configs] == [total] * 3
     assert total > len(graph_def.node)
+
+
+def test_keras_compiled_loss_and_its_gradient_stay_float32_unless_asked() -> None:
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [4, 8], name="x")
+        p = tf.sigmoid(tf.matmul(x, tf.ones((8, 1))), name="p")
+        with tf.name_scope("compile_loss"):
+            clipped = tf.clip_by_value(p, 1e-7, 1.0 - 1e-7)
+            loss = tf.reduce_mean(-tf.math.log(1.0 - clipped), name="loss")
+        with tf.name_scope("gradient_tape/compile_loss"):
+            grad = tf.multiply(loss, tf.ones((4, 1)), name="grad")
+        tf.identity(tf.matmul(tf.transpose(x), grad), name="out")
+    config = RewriteConfig(target_dtype="bfloat16", preserve_nodes=frozenset({"x", "out"}))
+    for guarded, result in ((True, rewrite_graph_def(graph.as_graph_def(), config)),
+                            (False, rewrite_graph_def(graph.as_graph_def(),
+                                                      config.replace(guard_losses=False)))):
+        colours = result.report.colours()
+        minimum = colours[("compile_loss/clip_by_value/Minimum", "T")]
+        grad = colours[("gradient_tape/compile_loss/grad", "T")]
+        assert (minimum, grad) == (("float32", "float32") if guarded else ("allow", "allow"))
+    decision = rewrite_graph_def(graph.as_graph_def(), config).report.decision_for(
+        "compile_loss/clip_by_value/Minimum")
+    assert "compiled loss" in decision.reason

@@ -19,8 +19,8 @@ Environment variables read by ``from_env``:
 - ``TF_AMP_EXCLUDE_SCOPES``: comma-separated name scopes kept in float32;
 - ``TF_AMP_INFER_FOLLOWS_ALLOW``: 1 (default) | 0 (TensorFlow's pass 4 off; see the field);
 - ``TF_AMP_PROBE``: 1 | 0 (time the allow/infer ops at their shapes first: ``tf_amp.probe``);
-- ``TF_AMP_GUARD_NORMALIZATION``, ``TF_AMP_GUARD_UPDATES``: 1 | 0 (unset: the target's default;
-  see the fields);
+- ``TF_AMP_GUARD_NORMALIZATION``, ``TF_AMP_GUARD_UPDATES``, ``TF_AMP_GUARD_LOSSES``: 1 | 0
+  (unset: the target's default; see the fields);
 - ``TF_AMP_SELECT_BEFORE_CAST``: 1 (default) | 0 (see the field);
 - ``TF_AMP_CHECK_KERNELS``: 1 | 0 (0 = trust the OpDef, for GPU-targeted rewriting on a
   machine whose TensorFlow has no GPU kernels).
@@ -163,6 +163,11 @@ class RewriteConfig:
         than float32's, and each painted update cast its float32 state to bfloat16); not for
         float16, whose default is TensorFlow's GPU pass (its loss-scaled Keras steps unscale
         into float32 before the optimizer anyway).
+      guard_losses: keep a Keras 3 model's compiled loss and its gradient float32, as
+        Keras's mixed policies compute losses (``tf_amp.painter.loss_guard``: a clip bound of
+        ``1 - 1e-7`` is 1.0 in 16 bits, and ``binary_crossentropy`` on probabilities went
+        NaN); never at O3. None (the default): on for both targets; ``False`` paints the loss
+        as TensorFlow's pass does.
       select_before_cast: keep float32 the gathers and slices of a float32 weight table
         that only they read (an embedding lookup), so the Cast is of the rows they select,
         not of the whole table every step (``tf_amp.painter.table_selection``). Same bits
@@ -188,6 +193,7 @@ class RewriteConfig:
     probe: bool = False
     guard_normalization: bool | None = None
     guard_updates: bool | None = None
+    guard_losses: bool | None = None
     select_before_cast: bool = True
     slow_nodes: frozenset[str] = field(default_factory=frozenset)
 
@@ -234,16 +240,22 @@ class RewriteConfig:
         return self._guard_on(self.guard_updates, default_for="bfloat16")
 
     @property
+    def guards_losses(self) -> bool:
+        """Whether the painter keeps Keras's compiled loss float32 (see the field)."""
+        return self._guard_on(self.guard_losses, default_for=("float16", "bfloat16"))
+
+    @property
     def selects_before_cast(self) -> bool:
         """Whether selections from weight tables stay float32 (see the field)."""
         return self.select_before_cast and not self._asks_for_every_op
 
-    def _guard_on(self, asked: bool | None, default_for: str) -> bool:
+    def _guard_on(self, asked: bool | None, default_for: str | tuple[str, ...]) -> bool:
         """A guard's setting: never at O3 / UNSAFE_FORCE_ALL, which ask for every op; else
-        as ``asked``, or (None) on for the one target it was measured to help."""
+        as ``asked``, or (None) on for the targets it was measured to help."""
         if self._asks_for_every_op:
             return False
-        return asked if asked is not None else self.target_dtype == default_for
+        targets = (default_for,) if isinstance(default_for, str) else default_for
+        return asked if asked is not None else self.target_dtype in targets
 
     @property
     def _asks_for_every_op(self) -> bool:
@@ -299,6 +311,7 @@ class RewriteConfig:
         values["infer_follows_allow"] = flag_or(env, "TF_AMP_INFER_FOLLOWS_ALLOW", True)
         values["guard_normalization"] = parse_flag(env, "TF_AMP_GUARD_NORMALIZATION")
         values["guard_updates"] = parse_flag(env, "TF_AMP_GUARD_UPDATES")
+        values["guard_losses"] = parse_flag(env, "TF_AMP_GUARD_LOSSES")
         values["select_before_cast"] = flag_or(env, "TF_AMP_SELECT_BEFORE_CAST", True)
         overrides = dict(overrides)
         base_lists = overrides.pop("lists", None)

@@ -148,6 +148,12 @@ class Block(str, enum.Enum):
         "{op} serves only variable updates (an optimizer step, moving statistics): kept "
         "float32 like the float32 state it updates (tf_amp.painter.update_guard)",
     )
+    COMPILED_LOSS = (
+        "compiled-loss",
+        "{op} of a Keras model's compiled loss or its gradient: kept float32, as Keras's mixed "
+        "policies compute losses (1 - 1e-7, a clip bound, is 1.0 in 16 bits; "
+        "tf_amp.painter.loss_guard)",
+    )
     TABLE_SELECTION = (
         "table-selection",
         "{op} selects from a float32 weight table: kept float32, so that half ops reading its "
