@@ -178,7 +178,7 @@ def unscale_and_check_finite(
                 "supported are float16, bfloat16, float32 and float64"
             )
     present = [i for i, g in enumerate(grads) if g is not None]
-    values = [tf.convert_to_tensor(_dense_values(grads[i])) for i in present]
+    values = [_dense_values(grads[i]) for i in present]  # tensors: converted above
     scale = tf.convert_to_tensor(scale)
     if not (scale.dtype.is_floating or scale.dtype.is_integer):
         raise TypeError(

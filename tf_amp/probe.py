@@ -161,10 +161,11 @@ def probe_graph(
             if candidate is not None:
                 groups.setdefault(candidate.signature, []).append(candidate)
     timings = ProbeTimings(untimed=untimed)
+    target_enum = tf.as_dtype(target_dtype).as_datatype_enum
     for signature, members in groups.items():
         names = tuple(c.op.name for c in members)
-        target_enum = tf.as_dtype(target_dtype).as_datatype_enum
-        if not _attrs_that_turn(members[0].op.node_def, target_enum):
+        turns = _attrs_that_turn(members[0].op.node_def, target_enum)
+        if not turns:
             why = (f"{signature.describe()} has no {target_dtype} kernel on this machine: the "
                    "rewrite keeps it float32, nothing to time")
             timings.untimed.append(Untimed(names, why))
@@ -173,7 +174,7 @@ def probe_graph(
             f32, reduced = timer(signature, "float32"), timer(signature, target_dtype)
         else:
             try:
-                f32, reduced = _measure(members[0], target_dtype, repeats)
+                f32, reduced = _measure(members[0], target_dtype, turns, repeats)
             except (ValueError, TypeError, tf.errors.OpError) as error:
                 # No kernel for a type, an OpDef that does not allow it: this op is left to
                 # the lists (and the rewrite's kernel check); the others are still timed.
@@ -400,15 +401,18 @@ def _static_value(tensor: tf.Tensor) -> np.ndarray | None:
     return None
 
 
-def _measure(candidate: _Candidate, target_dtype: str, repeats: int) -> tuple[float, float]:
-    """Median seconds per run of the op alone, in float32 and in the target, interleaved."""
+def _measure(
+    candidate: _Candidate, target_dtype: str, turns: frozenset[str], repeats: int
+) -> tuple[float, float]:
+    """Median seconds per run of the op alone, in float32 and in the target (its type attrs
+    ``turns`` set to it), interleaved."""
     graph = tf.Graph()
     runs: dict[str, list[float]] = {"float32": [], target_dtype: []}
     fetches = {}
     with graph.as_default():
         rng = np.random.default_rng(0)
         for dtype in runs:
-            fetches[dtype] = _rebuild(candidate, dtype, rng)
+            fetches[dtype] = _rebuild(candidate, dtype, turns, rng)
         init = tf.compat.v1.global_variables_initializer()
         fetches["overhead"] = tf.no_op()
     runs["overhead"] = []
@@ -436,14 +440,15 @@ def _runs_per_sample(session: tf.compat.v1.Session, fetch: tf.Operation) -> int:
     return int(min(50, max(1, 0.02 // once)))
 
 
-def _rebuild(candidate: _Candidate, dtype: str, rng: np.random.Generator) -> tf.Operation:
+def _rebuild(
+    candidate: _Candidate, dtype: str, turns: frozenset[str], rng: np.random.Generator
+) -> tf.Operation:
     """The candidate's op alone in the default graph, as the rewrite would leave it in
-    ``dtype``: its float32 type attrs that allow ``dtype`` set to it, and the inputs they govern
-    in ``dtype``; an attr that does not (``FusedBatchNormV3``'s ``U``, its statistics) stays
-    float32, with its inputs."""
+    ``dtype``: its float32 type attrs in ``turns`` (:func:`_attrs_that_turn`) set to it, and the
+    inputs they govern in ``dtype``; an attr that does not turn (``FusedBatchNormV3``'s ``U``,
+    its statistics) stays float32, with its inputs. For float32 nothing changes."""
     target = tf.as_dtype(dtype)
     node = candidate.op.node_def
-    turns = _attrs_that_turn(node, target.as_datatype_enum)
     info = registry_op_info(node.op)
     ports = node_layout(info.in_args, node, info) if info is not None else ()
     inputs = []

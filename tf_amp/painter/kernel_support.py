@@ -43,10 +43,8 @@ def _kernel_constraints(op: str, dev: str) -> list[list[tuple[str, frozenset[int
 
 def kernel_takes(op: str, dev: str, values: dict[str, Any]) -> bool:
     """Whether some kernel of ``op`` on device type ``dev`` takes these type attr values
-    (``{attr: dtype enum or tuple of them}``); True for an op with no kernel table (a function:
-    its body decides)."""
-    tables = _kernel_constraints(op, dev)
-    return not tables or any(_satisfies(constraints, values) for constraints in tables)
+    (``{attr: dtype enum or tuple of them}``): the rewrite's kernel check, and the probe's."""
+    return any(_satisfies(constraints, values) for constraints in _kernel_constraints(op, dev))
 
 
 class HalfSupport:
@@ -105,9 +103,7 @@ class HalfSupport:
             lst = list(values[attr])
             lst[elem] = self.target
             values[attr] = tuple(lst)
-        ok = any(
-            _satisfies(constraints, values) for constraints in _kernel_constraints(view.ops[n], dev)
-        )
+        ok = kernel_takes(view.ops[n], dev, values)
         _KERNEL_CHECK[key] = ok
         return ok
 
