@@ -119,3 +119,35 @@ def test_a_constant_beyond_the_targets_range_is_folded_to_its_largest_finite(tar
         assert value[2] == -np.inf and value[3] == 3.0
     else:
         pytest.fail(f"'big' was not folded to {target}: the test no longer tests folding")
+
+
+@pytest.mark.parametrize("target", ["float16", "bfloat16"])
+def test_a_constant_float32_ops_also_read_reaches_half_ops_clipped_not_infinite(target) -> None:
+    # The Const cannot turn half in place (a float32 op reads it), so its half readers used
+    # to get a runtime Cast: -3.4e38 (beyond bfloat16's largest finite too) became -inf and
+    # the masked row NaN.
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [2, 4], name="x")
+        h = tf.matmul(x, tf.ones((4, 4)), name="mm")
+        big = tf.constant([-3.4e38] * 4, name="big")
+        masked = tf.nn.softmax(tf.where(h > 1e9, h, big), name="masked")
+        tf.identity(masked, name="out")
+        tf.identity(tf.reduce_sum(big / 3.4e38), name="float32_reader")
+    result = rewrite_graph_def(graph.as_graph_def(), RewriteConfig(
+        target_dtype=target, preserve_nodes=frozenset({"x", "out", "float32_reader"})))
+    after = {n.name: n for n in result.graph_def.node}
+    assert after["big"].attr["dtype"].type == tf.float32.as_datatype_enum
+    select = [n for n in after.values() if n.op == "SelectV2"]
+    assert select and select[0].attr["T"].type == tf.as_dtype(target).as_datatype_enum
+    with tf.compat.v1.Session(graph=_imported(result.graph_def)) as sess:
+        out, reader = sess.run(["out:0", "float32_reader:0"], {"x:0": np.ones((2, 4))})
+    np.testing.assert_allclose(out, np.full((2, 4), 0.25), rtol=1e-2)
+    np.testing.assert_allclose(reader, -4.0, rtol=1e-6)
+
+
+def _imported(graph_def: graph_pb2.GraphDef) -> tf.Graph:
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.graph_util.import_graph_def(graph_def, name="")
+    return graph

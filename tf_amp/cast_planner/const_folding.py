@@ -49,6 +49,38 @@ def fold_consts_in_place(view: BodyView, painting: Painting, target: int) -> set
     return folded
 
 
+def saturated_half_copy(proto: Any, target: int) -> Any | None:
+    """A half copy of float32 Const ``proto`` when a runtime Cast would turn one of its finite
+    values into an infinity; else None (a Cast computes the same thing).
+
+    For a Const that float32 ops read too, so it cannot change in place: its half readers get
+    the copy, clipped as ``_saturating_cast`` says, instead of a Cast to -inf. The copy keeps
+    the Const's control inputs (its frame in a v1 while loop) and device.
+    """
+    if proto.op not in CONST_OPS or proto.attr["dtype"].type != DT_FLOAT:
+        return None
+    tensor = proto.attr["value"].tensor
+    if tensor.dtype != DT_FLOAT or not _overflows(tensor, target):
+        return None
+    copy = type(proto)()
+    copy.CopyFrom(proto)
+    if not _tensor_to_half(copy.attr["value"].tensor, target):
+        return None
+    copy.attr["dtype"].type = target
+    return copy
+
+
+def _overflows(tensor: Any, target: int) -> bool:
+    """Whether a finite float32 value of ``tensor`` lies beyond ``target``'s largest finite."""
+    if tensor.tensor_content:
+        values = np.frombuffer(tensor.tensor_content, dtype="<f4")
+    else:
+        values = np.asarray(tensor.float_val, dtype=np.float32)
+    largest = float(ml_dtypes.finfo(_half_numpy_dtype(target)).max)
+    finite = values[np.isfinite(values)]
+    return bool(finite.size) and bool((np.abs(finite) > largest).any())
+
+
 def _half_numpy_dtype(target: int) -> Any:
     if target == DT_HALF:
         return np.float16

@@ -22,7 +22,7 @@ from tf_amp.cast_planner.cast_nodes import (
     graph_ref,
     suffix,
 )
-from tf_amp.cast_planner.const_folding import fold_consts_in_place
+from tf_amp.cast_planner.const_folding import fold_consts_in_place, saturated_half_copy
 from tf_amp.painter import ALLOW_C, Painting
 from tf_amp.type_attrs import (
     DT_FLOAT,
@@ -61,7 +61,7 @@ def plan_and_apply(
 ) -> CastPlan:
     """Apply ``painting`` to the body's protos. ``container`` is the GraphDef (``.node``) or
     the FunctionDef (``.node_def``, ``.ret``) that owns ``view.protos``."""
-    planner = _BodyPlanner(view, painting, container, target)
+    planner = _BodyPlanner(view, painting, container, target, fold_constant_casts)
     # Function bodies keep their names: their boundary is the signature, not node names.
     preserve_names = preserve_names and not view.is_function
     renamed, out_dtypes = planner.choose_renames() if preserve_names else ({}, {})
@@ -80,8 +80,16 @@ def plan_and_apply(
 class _BodyPlanner:
     """The steps of ``plan_and_apply`` over one body, sharing its view, names and counts."""
 
-    def __init__(self, view: BodyView, painting: Painting, container: Any, target: int) -> None:
+    def __init__(
+        self,
+        view: BodyView,
+        painting: Painting,
+        container: Any,
+        target: int,
+        fold_constant_casts: bool = False,
+    ) -> None:
         self.view = view
+        self.fold_constant_casts = fold_constant_casts
         self.painting = painting
         self.colour = painting.colour
         self.container = container
@@ -165,7 +173,9 @@ class _BodyPlanner:
                     src_text = graph_ref(renamed[s], p)
                 else:
                     src_text = view.edge_text(k, self.container if view.is_function else None)
-                ref = self._add_cast(s, p, src_text, to_half=dst_allow)
+                ref = self._add_saturated_const(s) if dst_allow else None
+                if ref is None:
+                    ref = self._add_cast(s, p, src_text, to_half=dst_allow)
                 casts[(s, p)] = ref
             self._set_input(d, view.e_pos[k], ref)
 
@@ -209,6 +219,21 @@ class _BodyPlanner:
                     src = cast_name
                 identity.input.append(src)
             identity.attr["T"].list.type.extend(out_dtypes[n])
+
+    def _add_saturated_const(self, s: int) -> str | None:
+        """For a float32 Const with a finite value beyond the target's range that float32 ops
+        also read: a clipped half copy for its half readers (returns the input string that
+        reads it), where a Cast would give them an infinity. None where a Cast is right."""
+        view = self.view
+        if not self.fold_constant_casts or s >= view.num_real:
+            return None
+        copy = saturated_half_copy(view.protos[s], self.target)
+        if copy is None:
+            return None
+        copy.name = self.names.fresh(f"{view.names[s]}-0-CastTo{suffix(self.target)}-tf_amp")
+        self.new_nodes.add().CopyFrom(copy)
+        self.plan.consts_folded += 1
+        return f"{copy.name}:output:0" if view.is_function else copy.name
 
     def _add_cast(self, s: int, p: int, src_text: str, to_half: bool) -> str:
         """Adds the Cast of output ``p`` of node ``s``; returns the input string that reads it."""
