@@ -182,7 +182,7 @@ NORMALIZATION_GUARD = "NORMALIZATION_GUARD"
 # A node that serves only variable updates (tf_amp.painter.update_guard), kept float32 on
 # purpose: bfloat16's default, measured faster on a CPU.
 UPDATE_GUARD = "UPDATE_GUARD"
-# A node of a Keras model's compiled loss or its gradient (tf_amp.painter.loss_guard), kept
+# A node of a Keras model's loss or its gradient (tf_amp.painter.loss_guard), kept
 # float32 as Keras's policies compute losses.
 LOSS_GUARD = "LOSS_GUARD"
 # A gather or slice of a float32 weight table (tf_amp.painter.table_selection), kept float32 so

@@ -578,4 +578,27 @@ def test_keras_compiled_loss_and_its_gradient_stay_float32_unless_asked() -> Non
         assert (minimum, grad) == (("float32", "float32") if guarded else ("allow", "allow"))
     decision = rewrite_graph_def(graph.as_graph_def(), config).report.decision_for(
         "compile_loss/clip_by_value/Minimum")
-    assert "compiled loss" in decision.reason
+    assert "Keras model's loss" in decision.reason
+
+
+def test_tf_keras_loss_scopes_and_their_gradients_stay_float32() -> None:
+    # tf_keras names no compile scope: each Loss runs under its own name and reduces through
+    # <scope>/weighted_loss/value; a scope without that node is not a loss.
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [4, 8], name="x")
+        p = tf.sigmoid(tf.matmul(x, tf.ones((8, 1))), name="p")
+        with tf.name_scope("binary_crossentropy"):
+            clipped = tf.clip_by_value(p, 1e-7, 1.0 - 1e-7)
+            with tf.name_scope("weighted_loss"):
+                loss = tf.reduce_mean(-tf.math.log(1.0 - clipped), name="value")
+        with tf.name_scope("gradient_tape/binary_crossentropy"):
+            grad = tf.multiply(loss, tf.ones((4, 1)), name="grad")
+        with tf.name_scope("not_a_loss"):
+            other = tf.matmul(grad, tf.ones((1, 1)), name="other")
+        tf.identity(tf.matmul(tf.transpose(x), other), name="out")
+    config = RewriteConfig(target_dtype="float16", preserve_nodes=frozenset({"x", "out"}))
+    colours = rewrite_graph_def(graph.as_graph_def(), config).report.colours()
+    assert colours[("binary_crossentropy/clip_by_value/Minimum", "T")] == "float32"
+    assert colours[("gradient_tape/binary_crossentropy/grad", "T")] == "float32"
+    assert colours[("not_a_loss/other", "T")] == "allow"

@@ -480,3 +480,35 @@ def test_check_skips_gives_an_xla_steps_floor_checks_on_the_host(capfd):
         with pytest.raises(tf.errors.InvalidArgumentError, match="4 consecutive steps"):
             opt.check_skips()
     assert w.numpy()[0] == 1.0
+
+
+@pytest.mark.parametrize("target", ["float16"])
+def test_a_tf_keras_loss_on_probabilities_stays_float32(target: str, monkeypatch) -> None:
+    # tf_keras's binary_crossentropy clips probabilities to [1e-7, 1 - 1e-7]; painted half,
+    # float16 skipped every step from the fourth epoch on, stuck at twice float32's loss.
+    monkeypatch.setenv("TF_AMP_TARGET_DTYPE", target)
+    rng = np.random.RandomState(0)
+    x = rng.randn(256, 4).astype("float32")
+    y = (x[:, :1] > 0).astype("float32")
+
+    def train(optimizer: Any) -> tuple[list[float], Any]:
+        tf_keras.utils.set_random_seed(0)
+        inputs = tf_keras.Input((4,))
+        hidden = tf_keras.layers.Dense(16, activation="relu")(inputs)
+        probabilities = tf_keras.layers.Dense(1, activation="sigmoid")(hidden)
+        # A layer after the sigmoid: tf_keras cannot take the logits back, the clip is used.
+        model = tf_keras.Model(inputs, tf_keras.layers.Reshape((1,))(probabilities))
+        model.compile(optimizer=optimizer, loss="binary_crossentropy")
+        return model.fit(x, y, batch_size=32, epochs=6, verbose=0).history["loss"], model
+
+    float32_losses, _ = train(tf_keras.optimizers.Adam(5e-2))
+    amp_losses, model = train(
+        tf_amp.enable_mixed_precision_graph_rewrite(tf_keras.optimizers.Adam(5e-2)))
+    step = tf_keras_fit.rewritten_functions(model)["train"].concrete_functions()[0]
+    half = tf.as_dtype(target).as_datatype_enum
+    graph_def = step.graph.as_graph_def()
+    nodes = [*graph_def.node, *(n for f in graph_def.library.function for n in f.node_def)]
+    half_ops = {n.op for n in nodes if n.attr["T"].type == half}
+    assert "MatMul" in half_ops, half_ops  # the model itself still runs in half
+    assert np.isfinite(amp_losses).all(), amp_losses
+    np.testing.assert_allclose(amp_losses[-1], float32_losses[-1], atol=0.005)

@@ -12,10 +12,18 @@ turned NaN at the third epoch in bfloat16 (which has no loss scaling to skip the
 weights became NaN) and float16 skipped step after step, where float32, Keras's
 ``mixed_float16`` and ``mixed_bfloat16`` all reached a loss of 0.034.
 
-Which nodes: those under Keras 3's ``compile_loss`` name scope (a ``CompileLoss`` is a
-``Loss`` named so), in the forward graph and in the gradient (``gradient_tape/compile_loss/``).
-A loss the user computes in a custom ``train_step`` outside ``self.compute_loss`` has no such
-scope; ``exclude_scopes`` keeps it float32.
+Which nodes:
+
+- Keras 3: those under the ``compile_loss`` name scope (a ``CompileLoss`` is a ``Loss`` named
+  so), in the forward graph and in the gradient (``gradient_tape/compile_loss/``);
+- tf_keras (Keras 2): every ``Loss`` object, compiled or called in a custom ``train_step``,
+  runs under a scope of its own name (``binary_crossentropy/``) and reduces through
+  ``<scope>/weighted_loss/value``; the scopes that hold such a node, and their gradients,
+  are the loss. Measured on the model above under tf_keras: float16 skipped every step from
+  the fourth epoch on, stuck at twice float32's loss.
+
+A Keras 3 loss the user computes in a custom ``train_step`` outside ``self.compute_loss`` has
+no such scope; ``exclude_scopes`` keeps it float32.
 """
 
 from __future__ import annotations
@@ -25,8 +33,28 @@ import re
 from tf_amp.type_attrs import BodyView
 
 _LOSS_SCOPE = re.compile(r"(?:^|/)compile_loss(?:_\d+)?/")
+# tf_keras's losses_utils.compute_weighted_loss, under the Loss object's own scope.
+_TF_KERAS_LOSS_VALUE = re.compile(r"^(.+/)weighted_loss/value$")
+_GRADIENT = "gradient_tape/"
 
 
 def compiled_loss_nodes(view: BodyView) -> list[int]:
-    """Nodes of Keras's compiled loss and of its gradient."""
-    return [n for n in range(view.num_real) if _LOSS_SCOPE.search(view.names[n])]
+    """Nodes of Keras's compiled loss (Keras 3) or of tf_keras's losses, and their gradients."""
+    names = view.names[: view.num_real]
+    scopes = _tf_keras_loss_scopes(names)
+    if not scopes:
+        return [n for n, name in enumerate(names) if _LOSS_SCOPE.search(name)]
+    loss_scope = re.compile(
+        "|".join([_LOSS_SCOPE.pattern]
+                 + [rf"^(?:.*/)?(?:{_GRADIENT})?{re.escape(scope)}" for scope in scopes]))
+    return [n for n, name in enumerate(names) if loss_scope.search(name)]
+
+
+def _tf_keras_loss_scopes(names: list[str]) -> list[str]:
+    """The scopes (``"binary_crossentropy/"``) of the tf_keras losses computed in a body."""
+    scopes = set()
+    for name in names:
+        match = _TF_KERAS_LOSS_VALUE.match(name)
+        if match and _GRADIENT not in name:
+            scopes.add(match.group(1))
+    return sorted(scopes)

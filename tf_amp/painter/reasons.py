@@ -150,7 +150,7 @@ class Block(str, enum.Enum):
     )
     COMPILED_LOSS = (
         "compiled-loss",
-        "{op} of a Keras model's compiled loss or its gradient: kept float32, as Keras's mixed "
+        "{op} of a Keras model's loss or its gradient: kept float32, as Keras's mixed "
         "policies compute losses (1 - 1e-7, a clip bound, is 1.0 in 16 bits; "
         "tf_amp.painter.loss_guard)",
     )
