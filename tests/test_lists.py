@@ -186,3 +186,51 @@ def test_a_names_field_refuses_one_bare_string(field: str) -> None:
     with pytest.raises(TypeError, match=f"{field} must be a collection of names"):
         RewriteConfig(**{field: [1]})
     assert set(getattr(RewriteConfig(**{field: (n for n in ["Identity"])}), field)) == {"Identity"}
+
+
+# Each list is edited on its own, as TensorFlow's UpdateList does: an ADD then a REMOVE of one
+# op from one list cancel (the op stays on its default list), and the legacy name comes after
+# the modern one. Checked against TensorFlow's own pass on a graph where Mul's list shows.
+_EDIT_CASES = {
+    "add then remove": ({"ALLOWLIST_ADD": "Mul", "ALLOWLIST_REMOVE": "Mul"}, INFER),
+    "legacy remove after modern add": ({"ALLOWLIST_ADD": "Mul", "WHITELIST_REMOVE": "Mul"},
+                                       INFER),
+    "removed from its own list": ({"INFERLIST_ADD": "Mul", "INFERLIST_REMOVE": "Mul"}, None),
+}
+
+
+def test_an_add_after_a_remove_moves_the_op_where_tensorflow_refuses_the_graph() -> None:
+    # TensorFlow leaves Mul on its default infer list too and fails the pass ("Op present in
+    # multiple lists"); the ADD moving it is what the user means.
+    lists = OpLists.from_env({ENV_PREFIX + "ALLOWLIST_REMOVE": "Mul",
+                              ENV_PREFIX + "WHITELIST_ADD": "Mul"})
+    assert lists.category("Mul") == ALLOW
+
+
+@pytest.mark.parametrize("case", list(_EDIT_CASES))
+def test_list_edits_follow_tensorflows_update_list(case: str, monkeypatch) -> None:
+    import tensorflow as tf
+
+    from tests._oracle import run_tf_pass
+    from tf_amp.rewriter import rewrite_graph_def
+
+    edits, category = _EDIT_CASES[case]
+    for name, value in edits.items():
+        monkeypatch.setenv(ENV_PREFIX + name, value)
+    assert OpLists.from_env().category("Mul") == category
+
+    @tf.function
+    def f(x, w):
+        # mul lies between two MatMuls (half on allow or infer); mul_1 reads a feed and feeds
+        # a deny op (half on allow only).
+        return tf.matmul(tf.matmul(x, w) * 3.0, w), tf.reduce_sum(x * 3.0)
+
+    graph_def = f.get_concrete_function(
+        tf.TensorSpec([4, 8]), tf.TensorSpec([8, 8])).graph.as_graph_def()
+    fetches = ["Identity", "Identity_1"]
+    ours = rewrite_graph_def(graph_def, RewriteConfig.from_env(
+        target_dtype="float16", preserve_nodes=frozenset(fetches))).report
+    theirs, _ = run_tf_pass(graph_def, fetches)
+    tf_dtypes = {n.name: tf.as_dtype(n.attr["T"].type).name for n in theirs.node
+                 if n.op == "Mul"}
+    assert {m: ours.decision_for(m).dtype for m in ("mul", "mul_1")} == tf_dtypes

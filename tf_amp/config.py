@@ -166,8 +166,8 @@ class RewriteConfig:
       guard_losses: keep a Keras model's loss (Keras 3's compiled loss, tf_keras's ``Loss``
         objects) and its gradient float32, as Keras's mixed policies compute losses
         (``tf_amp.painter.loss_guard``: a clip bound of ``1 - 1e-7`` is 1.0 in 16 bits, and
-        ``binary_crossentropy`` on probabilities went NaN); never at O3. None (the default): on for both targets; ``False`` paints the loss
-        as TensorFlow's pass does.
+        ``binary_crossentropy`` on probabilities went NaN); never at O3. None (the default):
+        on for both targets; ``False`` paints the loss as TensorFlow's pass does.
       select_before_cast: keep float32 the gathers and slices of a float32 weight table
         that only they read (an embedding lookup), so the Cast is of the rows they select,
         not of the whole table every step (``tf_amp.painter.table_selection``). Same bits

@@ -22,9 +22,14 @@ ENV_PREFIX = "TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_"
 LEVEL_ENV = ENV_PREFIX + "LEVEL"
 LEVELS: tuple[str, ...] = ("", "TENSOR_CORES_ONLY", "TREAT_INFER_AS_DENY", "UNSAFE_FORCE_ALL")
 
-# (environment variable stem, list it edits). Legacy names first so that the modern names win
-# when both add and remove the same op.
+# (environment variable stem, list it edits), in the order the edits apply. TensorFlow's
+# ``UpdateList`` edits each list with its modern name, then its legacy name (so a legacy REMOVE
+# undoes a modern ADD); tf_amp's own short names come last, so they have the final word.
 _ENV_STEMS: tuple[tuple[str, str], ...] = (
+    (ENV_PREFIX + "ALLOWLIST", ALLOW),
+    (ENV_PREFIX + "INFERLIST", INFER),
+    (ENV_PREFIX + "CLEARLIST", CLEAR),
+    (ENV_PREFIX + "DENYLIST", DENY),
     (ENV_PREFIX + "WHITELIST", ALLOW),
     (ENV_PREFIX + "GRAYLIST", INFER),
     (ENV_PREFIX + "BLACKLIST", DENY),
@@ -32,10 +37,6 @@ _ENV_STEMS: tuple[tuple[str, str], ...] = (
     ("TF_AMP_INFERLIST", INFER),
     ("TF_AMP_CLEARLIST", CLEAR),
     ("TF_AMP_DENYLIST", DENY),
-    (ENV_PREFIX + "ALLOWLIST", ALLOW),
-    (ENV_PREFIX + "INFERLIST", INFER),
-    (ENV_PREFIX + "CLEARLIST", CLEAR),
-    (ENV_PREFIX + "DENYLIST", DENY),
 )
 
 

@@ -79,30 +79,35 @@ class OpLists:
         return self
 
     def with_edits(self, edits: Iterable[tuple[str, ...]]) -> OpLists:
-        """Apply ``(list_name, "ADD"|"REMOVE", op[, source])`` edits in order.
+        """Apply ``(list_name, "ADD"|"REMOVE", op[, source])`` edits, as TensorFlow's
+        ``UpdateList`` does: each list is edited on its own, in order (so an ADD and a later
+        REMOVE of one op from one list cancel, and the op stays on its default list).
 
-        Adding an op moves it off the default list it was on (so ``ALLOWLIST_ADD=Mul`` just
-        works, where TensorFlow would crash on "op in multiple lists"); adding the same op to
-        two lists in the same edit set is the user's contradiction and an error, which names
-        the two ``source``s (the environment variables) when given.
+        Then an op that an ADD left on a list moves off the other lists (so
+        ``ALLOWLIST_ADD=Mul`` just works, where TensorFlow would crash on "op in multiple
+        lists"); an op left added to two lists is the user's contradiction and an error,
+        which names the two ``source``s (the environment variables) when given.
         """
         sets = {name: set(getattr(self, name)) for name in LIST_NAMES}
-        added: dict[str, tuple[str, str]] = {}  # op -> (list, source) of its ADD
+        added: dict[str, dict[str, str]] = {}  # op -> {list it was added to: " (source)"}
         for list_name, verb, op, *source in edits:
-            where = f" ({source[0]})" if source else ""
             if verb == "ADD":
-                if op in added and added[op][0] != list_name:
-                    first_list, first_where = added[op]
-                    raise ValueError(
-                        f"Op {op!r} is added to both the {first_list} list{first_where} and the "
-                        f"{list_name} list{where}; choose one."
-                    )
-                added[op] = (list_name, where)
-                for other in LIST_NAMES:
-                    sets[other].discard(op)
                 sets[list_name].add(op)
+                added.setdefault(op, {})[list_name] = f" ({source[0]})" if source else ""
             else:
                 sets[list_name].discard(op)
+                added.get(op, {}).pop(list_name, None)
+        for op, lists in added.items():
+            if len(lists) > 1:
+                (first, first_where), (second, second_where) = list(lists.items())[:2]
+                raise ValueError(
+                    f"Op {op!r} is added to both the {first} list{first_where} and the "
+                    f"{second} list{second_where}; choose one."
+                )
+            for list_name in lists:
+                for other in LIST_NAMES:
+                    if other != list_name:
+                        sets[other].discard(op)
         return OpLists(**{name: frozenset(values) for name, values in sets.items()})
 
     @classmethod
