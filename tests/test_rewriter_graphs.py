@@ -423,6 +423,38 @@ def test_log_dir_files_and_tensorboard_event(tmp_path, tf1_graph) -> None:  # no
             tf.graph_util.import_graph_def(board, name="")  # loads: TensorBoard can too
 
 
+def test_a_graph_def_of_another_protobuf_runtime_is_rewritten_and_logged(
+    tmp_path, tf1_graph  # noqa: ANN001
+) -> None:
+    # The rewrite accepted such a message by its bytes, then failed while logging it (the log
+    # writer copied the caller's message), leaving a partial set of files.
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    pool = descriptor_pool.DescriptorPool()
+
+    def add(file_descriptor) -> None:  # noqa: ANN001
+        for dependency in file_descriptor.dependencies:
+            try:
+                pool.FindFileByName(dependency.name)
+            except KeyError:
+                add(dependency)
+        proto = descriptor_pb2.FileDescriptorProto()
+        file_descriptor.CopyToProto(proto)
+        pool.Add(proto)
+
+    add(graph_pb2.DESCRIPTOR)
+    foreign_class = message_factory.GetMessageClass(
+        pool.FindMessageTypeByName("tensorflow.GraphDef"))
+    graph_def, fetches = tf1_graph.graph_def, tf1_graph.fetches
+    foreign = foreign_class.FromString(graph_def.SerializeToString())
+    assert not isinstance(foreign, graph_pb2.GraphDef)
+    config = RewriteConfig(preserve_nodes=frozenset(fetches), log_dir=str(tmp_path))
+    result = rewrite_graph_def(foreign, config)
+    assert result.report.changed
+    assert result.graph_def == rewrite_graph_def(graph_def, config.replace(log_dir=None)).graph_def
+    assert len(glob.glob(str(tmp_path / "graphdef_preop_*.pb"))) == 1
+
+
 def test_control_inputs_are_never_rewired() -> None:
     # x ─ MatMul(^c first, unusual but seen in hand-made graphs)  casts replace data inputs only
     gd = build(mlp)

@@ -112,6 +112,9 @@ def _rewrite(
     graph_def: graph_pb2.GraphDef, config: RewriteConfig, graph_name: str = ""
 ) -> RewriteResult:
     out = _copy_graph_def(graph_def)
+    if not isinstance(graph_def, graph_pb2.GraphDef):
+        # From another protobuf runtime: everything below (logs, the probe) reads this one.
+        graph_def = _copy_graph_def(graph_def)
     report = RewriteReport(
         target_dtype=config.target_dtype,
         graph_name=graph_name,
