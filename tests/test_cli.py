@@ -87,6 +87,36 @@ def test_inspect_reports_conversions_casts_and_float32_islands(
     assert "float32 islands: 1" in text and "Sum" in text and "deny list" in text
 
 
+def test_a_node_with_a_converted_attr_is_no_float32_island(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # FusedBatchNormV3's T turns half and its U (statistics) stays float32 by its OpDef: it
+    # was listed both as converted and as an island "with no float16 kernel registered".
+    from tf_amp.config import RewriteConfig
+    from tf_amp.rewriter import rewrite_graph_def
+
+    @tf.function
+    def f(x, w, scale, offset):  # noqa: ANN001, ANN202
+        y = tf.nn.conv2d(x, w, 1, "SAME")
+        y, _, _ = tf.compat.v1.nn.fused_batch_norm(y, scale, offset, is_training=True)
+        return tf.reduce_sum(tf.nn.conv2d(tf.nn.relu(y), w, 1, "SAME"))
+
+    graph_def = f.get_concrete_function(
+        tf.TensorSpec([2, 8, 8, 4]), tf.TensorSpec([3, 3, 4, 4]), tf.TensorSpec([4]),
+        tf.TensorSpec([4])).graph.as_graph_def()
+    logs = tmp_path / "logs"
+    report = rewrite_graph_def(graph_def, RewriteConfig(log_dir=str(logs))).report
+    statistics = report.decision_for("FusedBatchNormV3", "U")
+    assert statistics.dtype == "float32"
+    assert statistics.reason == (
+        "FusedBatchNormV3's OpDef does not allow float16 for U: kept float32")
+    assert report.decision_for("FusedBatchNormV3", "T").dtype == "float16"
+    capsys.readouterr()
+    assert cli.main(["inspect", str(logs)]) == 0
+    islands = capsys.readouterr().out.split("float32 islands:")[1]
+    assert "FusedBatchNormV3" not in islands and "Sum" in islands
+
+
 def test_inspect_of_an_empty_directory_says_so(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 from tf_amp.painter import ALLOW_C, CAT_ALLOW, CAT_CLEAR, CAT_DENY, CAT_INFER, DENY_C, Painting
 from tf_amp.painter.reasons import Block
-from tf_amp.type_attrs import BodyView, device_type
+from tf_amp.type_attrs import DT_BFLOAT16, DT_HALF, BodyView, device_type
 
 _CAT_WORD = {CAT_ALLOW: "allow", CAT_INFER: "infer", CAT_CLEAR: "clear", CAT_DENY: "deny"}
 
@@ -226,6 +226,12 @@ class RewriteReport:
             and not painting.supports_half(v)
         )
         if no_half:
+            info = view.infos[n]
+            attr = view.v_attr[v]
+            allowed = info.allowed.get(attr) if info is not None else None
+            target = DT_HALF if t == "float16" else DT_BFLOAT16
+            if allowed is not None and target not in allowed:
+                return f"{op}'s OpDef does not allow {t} for {attr}: kept float32"
             dev = device_type(view.devices[n], self.default_device_type)
             where = f" on {dev}" if self.check_kernels else ""
             return f"no {t} kernel registered for {op}{where}: kept float32"

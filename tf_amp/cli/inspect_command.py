@@ -174,13 +174,18 @@ def float32_islands(decisions: list[dict[str, Any]], before: Any) -> list[list[d
     """Connected groups of float32 compute nodes (constants, feeds, variables left out).
 
     Connectivity comes from the graph before the rewrite; without it each node is its own
-    island. Largest first.
+    island. Largest first. A node with one converted type attr is no island, whatever its
+    other attrs hold (FusedBatchNormV3: ``T`` half, ``U`` float32 by its OpDef).
     """
+    converted = {
+        (d.get("body", ""), d["node"])
+        for d in decisions
+        if d.get("paint") == "allow" or d.get("dtype", "float32") != "float32"
+    }
     kept = {
         (d.get("body", ""), d["node"]): d
         for d in decisions
-        if d.get("paint") != "allow"
-        and d.get("dtype", "float32") == "float32"
+        if (d.get("body", ""), d["node"]) not in converted
         and d.get("op") not in _SOURCE_OPS
         and not str(d.get("reason", "")).startswith("constant, feed or variable")
     }
