@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import pytest
 
 from tf_amp.config import RewriteConfig
@@ -176,6 +177,44 @@ def test_config_validates_fields() -> None:
         RewriteConfig(target_dtype="float64")
     with pytest.raises(TypeError, match="lists"):
         RewriteConfig(lists={"allow": []})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("field", ["probe", "preserve_names", "infer_follows_allow",
+                                   "check_kernels", "fold_constant_casts", "guard_updates",
+                                   "guard_losses", "select_before_cast"])
+def test_an_on_off_field_refuses_a_string(field: str) -> None:
+    # "false", "0" and "off" are truthy: each did the opposite of what was asked, silently.
+    for value in ("false", "0", "off", 0):
+        with pytest.raises(TypeError, match=f"{field} must be True(, False)? or (False|None)"):
+            RewriteConfig(target_dtype="float16", **{field: value})
+    assert getattr(RewriteConfig(target_dtype="float16", **{field: np.bool_(False)}),
+                   field) is False
+
+
+def test_log_dir_and_level_refuse_what_is_not_a_path_or_a_name(tmp_path) -> None:
+    with pytest.raises(TypeError, match="log_dir must be a path"):
+        RewriteConfig(log_dir=123)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="level must be a string"):
+        RewriteConfig(level=None)  # type: ignore[arg-type]
+    assert RewriteConfig(log_dir=tmp_path).log_dir == str(tmp_path)
+
+
+def test_a_config_replaced_to_another_target_takes_that_targets_lists() -> None:
+    # from_env froze the lists of the target it resolved: a bfloat16 rewrite ran with the
+    # float16 lists (Mean and Sum on deny, where TensorFlow's oneDNN lists have them infer).
+    env = {"TF_AMP_TARGET_DTYPE": "float16", ENV_PREFIX + "DENYLIST_ADD": "Atan"}
+    replaced = RewriteConfig.from_env(env).replace(target_dtype="bfloat16").resolved_lists()
+    direct = OpLists.default("bfloat16")
+    assert replaced.category("Mean") == direct.category("Mean") == INFER
+    assert replaced.category("Atan") == DENY  # the environment's edits still apply
+    assert replaced.with_edits([(DENY, "REMOVE", "Atan")]) == direct
+
+
+def test_tensor_cores_only_leaves_the_bfloat16_lists_as_tensorflows_onednn_pass_does() -> None:
+    bf16 = RewriteConfig(target_dtype="bfloat16", level="TENSOR_CORES_ONLY").resolved_lists()
+    assert bf16 == OpLists.default("bfloat16")
+    fp16 = RewriteConfig(target_dtype="float16", level="TENSOR_CORES_ONLY").resolved_lists()
+    assert fp16.infer == fp16.clear == fp16.deny == frozenset()
 
 
 @pytest.mark.parametrize("field", ["preserve_nodes", "exclude_scopes", "slow_nodes"])

@@ -38,7 +38,14 @@ from typing import Any
 from tf_amp import hardware
 from tf_amp._flags import flag_or, parse_choice, parse_flag
 from tf_amp._say_once import mark_said, say_once
-from tf_amp.lists import LEVEL_ENV, LEVELS, OpLists, split_op_names
+from tf_amp.lists import (
+    LEVEL_ENV,
+    LEVELS,
+    LIST_NAMES,
+    OpLists,
+    list_edits_from_env,
+    split_op_names,
+)
 
 OPT_LEVELS: tuple[str, ...] = ("O0", "O1", "O2", "O3")
 TARGET_DTYPES: tuple[str, ...] = ("auto", "float16", "bfloat16")
@@ -114,10 +121,16 @@ class RewriteConfig:
         dtype (what a TF1 Session adapter needs to map feeds and fetches by name).
       opt_level: "O0" unchanged, "O1" list based (TensorFlow's behaviour), "O2" every float op
         with a half kernel except deny-list ops, "O3" every op with a half kernel.
-      lists: the op lists; None means ``OpLists.default(target_dtype)``.
+      lists: the op lists; None means ``OpLists.default(target_dtype)``, the target's own.
+      list_edits: ``(list, "ADD"|"REMOVE", op[, source])`` edits applied on top of ``lists``
+        (``OpLists.with_edits``): what ``from_env`` reads from the list variables. Kept as
+        edits, not baked into ``lists``, so a config ``replace``d to another target edits that
+        target's defaults.
       level: TensorFlow's ``..._LEVEL`` (TENSOR_CORES_ONLY, TREAT_INFER_AS_DENY,
-        UNSAFE_FORCE_ALL), applied on top of ``lists``.
-      log_dir: where to write before/after graphs and the decision report; None: nowhere.
+        UNSAFE_FORCE_ALL), applied on top of ``lists``. TENSOR_CORES_ONLY empties the float16
+        lists only: TensorFlow's oneDNN bfloat16 lists never read it.
+      log_dir: where to write before/after graphs and the decision report (a path); None:
+        nowhere.
       exclude_scopes: name scopes (node-name prefixes) kept float32, like an ``_tf_amp_exclude``
         attr on each of their nodes.
       check_kernels: require a registered half kernel for the node's device type. Turn off to
@@ -182,6 +195,7 @@ class RewriteConfig:
     preserve_names: bool = False
     opt_level: str = "O1"
     lists: OpLists | None = None
+    list_edits: tuple[tuple[str, ...], ...] = ()
     level: str = ""
     log_dir: str | None = None
     exclude_scopes: tuple[str, ...] = ()
@@ -205,7 +219,14 @@ class RewriteConfig:
         object.__setattr__(self, "preserve_nodes", nodes)
         object.__setattr__(self, "exclude_scopes", _names("exclude_scopes", self.exclude_scopes))
         object.__setattr__(self, "slow_nodes", frozenset(_names("slow_nodes", self.slow_nodes)))
+        _check_switches(self)
+        if not isinstance(self.level, str):
+            raise TypeError(f"level must be a string, got {self.level!r}")
         object.__setattr__(self, "level", self.level.upper())
+        if self.log_dir is not None:
+            if not isinstance(self.log_dir, (str, os.PathLike)):
+                raise TypeError(f"log_dir must be a path or None, got {self.log_dir!r}")
+            object.__setattr__(self, "log_dir", os.fspath(self.log_dir))
         _check_choice("target_dtype", self.target_dtype, ("auto",) + RESOLVED_TARGETS)
         _check_choice("eligible_devices", self.eligible_devices, ELIGIBLE_DEVICES)
         _check_choice("opt_level", self.opt_level, OPT_LEVELS)
@@ -216,6 +237,8 @@ class RewriteConfig:
         self._resolve_target()
         if self.lists is not None and not isinstance(self.lists, OpLists):
             raise TypeError(f"lists must be an OpLists or None, got {type(self.lists).__name__}")
+        object.__setattr__(self, "list_edits", _checked_edits(self.list_edits))
+        self.resolved_lists()  # an op added to two lists is an error now, not at the rewrite
 
     def _resolve_target(self) -> None:
         """Turns "auto" into the dtype chosen for ``default_device_type``, with its reason."""
@@ -268,11 +291,12 @@ class RewriteConfig:
         return self.target_dtype != "float32" and self.opt_level != "O0"
 
     def resolved_lists(self) -> OpLists:
-        """The lists the painter uses: ``lists`` (or the defaults) with ``level`` applied."""
+        """The lists the painter uses: ``lists`` (or the target's defaults) with
+        ``list_edits`` and ``level`` applied."""
         base = self.lists if self.lists is not None else OpLists.default(
             _lists_target(self.target_dtype)
         )
-        return base.with_level(self.level)
+        return base.with_edits(self.list_edits).with_level(self.level, self.target_dtype)
 
     def replace(self, **changes: Any) -> RewriteConfig:
         """A copy with some fields changed (validated again; a new target gets a new reason)."""
@@ -320,13 +344,10 @@ class RewriteConfig:
             device = overrides.get("default_device_type", "auto")
             choice = hardware.choose_target(local_device_type() if device == "auto" else device)
             values["target_dtype"], values["target_reason"] = choice.dtype, choice.reason
+        values["lists"] = base_lists
+        values["list_edits"] = tuple(list_edits_from_env(env))
         try:
-            values["lists"] = OpLists.from_env(
-                env,
-                target_dtype=_lists_target(values["target_dtype"]),
-                base=base_lists,
-                apply_level=False,
-            )
+            OpLists.default().with_edits(values["list_edits"])
         except ValueError as err:
             raise ValueError(f"Bad list environment variable: {err}") from err
         values.update(overrides)
@@ -354,6 +375,46 @@ def _names(name: str, value: object) -> tuple[str, ...]:
     if names is None or not all(isinstance(v, str) for v in names):
         raise TypeError(f"{name} must be a collection of names (strings), got {value!r}")
     return names
+
+
+# Fields that are on or off; the guards' None means "the target's default".
+_SWITCHES = ("preserve_names", "check_kernels", "rewrite_functions", "fold_constant_casts",
+             "infer_follows_allow", "probe", "select_before_cast")
+_TRI_STATE_SWITCHES = ("guard_normalization", "guard_updates", "guard_losses")
+
+
+def _check_switches(config: RewriteConfig) -> None:
+    """Each on/off field holds a bool: ``probe="0"`` or ``guard_updates="off"`` would be
+    truthy, the opposite of what was asked, so they are errors (numpy's bool_ is accepted)."""
+    for name in _SWITCHES + _TRI_STATE_SWITCHES:
+        value = getattr(config, name)
+        if value is None and name in _TRI_STATE_SWITCHES:
+            continue
+        if type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_"):
+            value = bool(value)
+            object.__setattr__(config, name, value)
+        if not isinstance(value, bool):
+            allowed = "True, False or None" if name in _TRI_STATE_SWITCHES else "True or False"
+            raise TypeError(f"{name} must be {allowed}, got {value!r}")
+    if not isinstance(config.target_reason, str):
+        raise TypeError(f"target_reason must be a string, got {config.target_reason!r}")
+
+
+def _checked_edits(edits: object) -> tuple[tuple[str, ...], ...]:
+    """``list_edits`` as a tuple of ``(list, "ADD"|"REMOVE", op[, source])`` string tuples."""
+    if isinstance(edits, (str, bytes)) or not isinstance(edits, Iterable):
+        raise TypeError(f"list_edits must be a collection of (list, verb, op) tuples, "
+                        f"got {edits!r}")
+    checked = []
+    for edit in edits:
+        edit = tuple(edit) if isinstance(edit, (tuple, list)) else None
+        if (edit is None or len(edit) not in (3, 4) or not all(isinstance(e, str) for e in edit)
+                or edit[0] not in LIST_NAMES or edit[1] not in ("ADD", "REMOVE")):
+            raise TypeError(
+                f"each of list_edits must be (list, 'ADD' or 'REMOVE', op[, source]) with list "
+                f"one of {LIST_NAMES}, got {edit!r}")
+        checked.append(edit)
+    return tuple(checked)
 
 
 def _check_choice(name: str, value: object, choices: Iterable[str]) -> None:

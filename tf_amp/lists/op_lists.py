@@ -65,14 +65,15 @@ class OpLists:
             return cls(allow=FP16_ALLOW, infer=FP16_INFER, clear=FP16_CLEAR, deny=FP16_DENY)
         return cls(allow=BF16_ALLOW, infer=BF16_INFER, clear=BF16_CLEAR, deny=BF16_DENY)
 
-    def with_level(self, level: str) -> OpLists:
-        """Apply TensorFlow's ``..._LEVEL``: TENSOR_CORES_ONLY keeps only the allow list;
+    def with_level(self, level: str, target_dtype: str = "float16") -> OpLists:
+        """Apply TensorFlow's ``..._LEVEL``: TENSOR_CORES_ONLY keeps only the allow list of
+        the float16 lists (TensorFlow's oneDNN bfloat16 lists never read it);
         TREAT_INFER_AS_DENY moves infer ops to deny; UNSAFE_FORCE_ALL is handled by the
         painter (it paints everything) and leaves the lists alone."""
         level = level.upper()
         if level not in LEVELS:
             raise ValueError(f"{LEVEL_ENV} must be one of {LEVELS[1:]} or empty, got {level!r}")
-        if level == "TENSOR_CORES_ONLY":
+        if level == "TENSOR_CORES_ONLY" and target_dtype != "bfloat16":
             return OpLists(self.allow, frozenset(), frozenset(), frozenset())
         if level == "TREAT_INFER_AS_DENY":
             return OpLists(self.allow, frozenset(), self.clear, self.deny | self.infer)
@@ -116,7 +117,6 @@ class OpLists:
         environ: Mapping[str, str] | None = None,
         target_dtype: str = "float16",
         base: OpLists | None = None,
-        apply_level: bool = True,
     ) -> OpLists:
         """Defaults (or ``base``) edited by every list variable set in ``environ``.
 
@@ -128,4 +128,4 @@ class OpLists:
         lists = base if base is not None else cls.default(target_dtype)
         lists = lists.with_edits(list_edits_from_env(env))
         level = level_from_env(env)
-        return lists.with_level(level) if apply_level else lists
+        return lists.with_level(level, target_dtype)
