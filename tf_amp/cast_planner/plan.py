@@ -170,7 +170,9 @@ class _BodyPlanner:
             ref = casts.get((s, p))
             if ref is None:
                 if s in renamed:
-                    src_text = graph_ref(renamed[s], p)
+                    # A float port of a moved node: read its float32 view under the old name,
+                    # so that feeding "old:p" (a TF1 Session's feed) reaches this Cast too.
+                    src_text = graph_ref(view.names[s], p)
                 else:
                     src_text = view.edge_text(k, self.container if view.is_function else None)
                 ref = self._add_saturated_const(s) if dst_allow else None
