@@ -275,3 +275,46 @@ def test_feeding_an_intermediate_tensor_reaches_its_half_consumers() -> None:
         np.testing.assert_allclose(have, expected, rtol=1e-2, atol=1e-2)
     np.testing.assert_allclose(got_by_name, want[0], rtol=1e-2, atol=1e-2)
     np.testing.assert_array_equal(got_callable, np.zeros((4, 4), np.float32))
+
+
+def test_feeding_a_float_port_of_a_moved_node_reaches_its_half_consumers() -> None:
+    # FusedBatchNormV3 moves (its port 0 goes half) while its batch mean, port 1, stays
+    # float32: a half consumer's Cast read the moved node itself and ignored the feed.
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float32, [2, 4, 4, 4], name="x")
+        kernel = tf.constant(np.random.RandomState(1).randn(1, 1, 4, 4).astype(np.float32))
+        conv = tf.nn.conv2d(x, kernel, 1, "SAME")
+        _, mean, _ = tf1.nn.fused_batch_norm(conv, tf.ones([4]), tf.zeros([4]),
+                                             is_training=True, name="bn")
+        w = tf.constant(np.random.RandomState(2).randn(4, 3).astype(np.float32))
+        z = tf.matmul(tf.reshape(mean, [1, 4]), w, name="z")  # a half consumer of port 1
+        s = tf.reduce_sum(mean, name="s")  # a float32 consumer of port 1
+    feeds = {x: np.random.RandomState(0).randn(2, 4, 4, 4).astype(np.float32),
+             mean: np.array([10.0, 20.0, 30.0, 40.0], np.float32)}
+    with tf1.Session(graph=graph) as plain:
+        want = plain.run([z, s], feeds)
+    with tf_amp.Session(graph=graph) as sess:
+        got = sess.run([z, s], feeds)
+        assert sess.rewrite_reports[0].renamed.get("bn")  # bn really moved
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-2)
+    assert got[1] == want[1]
+
+
+def test_a_tensor_or_op_of_another_graph_is_refused_as_a_plain_session_does() -> None:
+    # Looked up by name, another graph's "a:0" ran this graph's namesake, silently.
+    mine, other = tf.Graph(), tf.Graph()
+    with mine.as_default():
+        x = tf1.placeholder(tf.float32, [2], name="x")
+        tf.identity(x * 2.0, name="a")
+    with other.as_default():
+        other_x = tf1.placeholder(tf.float32, [2], name="x")
+        other_a = tf.identity(tf.constant([10.0, 20.0]), name="a")
+    with tf_amp.Session(graph=mine) as sess:
+        with pytest.raises(ValueError, match="not an element of this session's graph"):
+            sess.run(other_a, {"x:0": [1.0, 2.0]})
+        with pytest.raises(ValueError, match="not an element of this session's graph"):
+            sess.run([other_a.op])
+        with pytest.raises(TypeError, match="Cannot interpret feed_dict key"):
+            sess.run("a:0", {other_x: [1.0, 2.0]})
+        np.testing.assert_array_equal(sess.run("a:0", {"x:0": [1.0, 2.0]}), [2.0, 4.0])

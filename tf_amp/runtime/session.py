@@ -25,6 +25,7 @@ Cast a preserved node would get does). The rewritten graph itself stays the same
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import threading
 from collections.abc import Mapping
@@ -146,7 +147,7 @@ class Session(upstream_tf.Session):
 
     # -- mapping user-graph objects to the private graph -------------------------------------
 
-    def _map(self, fetch: Any) -> Any:
+    def _map(self, fetch: Any, feed: bool = False) -> Any:
         """Maps a (nested) fetch or feed key of the user's graph to the private graph."""
         if fetch is None:
             return None
@@ -154,29 +155,46 @@ class Session(upstream_tf.Session):
             return self._amp_graph.as_graph_element(
                 fetch.decode() if isinstance(fetch, bytes) else fetch
             )
-        if isinstance(fetch, tf.Operation):
-            return self._amp_graph.get_operation_by_name(fetch.name)
-        if isinstance(fetch, tf.Tensor):
+        if isinstance(fetch, (tf.Operation, tf.Tensor)):
+            self._check_graph(fetch, feed)
+            if isinstance(fetch, tf.Operation):
+                return self._amp_graph.get_operation_by_name(fetch.name)
             return self._amp_graph.get_tensor_by_name(fetch.name)
+        recurse = functools.partial(self._map, feed=feed)
         if isinstance(fetch, _COMPOSITE_FETCHES):
             # The same kind of value made of the private graph's components (a RaggedTensor's
             # graph element is its flat values alone, so the generic path below returned those
             # without their row structure). Not any CompositeTensor: a variable is one too.
             with self._amp_graph.as_default():
-                return tf.nest.map_structure(self._map, fetch, expand_composites=True)
+                return tf.nest.map_structure(recurse, fetch, expand_composites=True)
         if isinstance(fetch, Mapping):
-            items = ((k, self._map(v)) for k, v in fetch.items())
+            items = ((k, recurse(v)) for k, v in fetch.items())
             if isinstance(fetch, collections.defaultdict):
                 return type(fetch)(fetch.default_factory, items)
             return type(fetch)(items)
         if isinstance(fetch, tuple) and hasattr(fetch, "_fields"):
-            return type(fetch)(*(self._map(v) for v in fetch))
+            return type(fetch)(*(recurse(v) for v in fetch))
         if isinstance(fetch, (list, tuple)):
-            return type(fetch)(self._map(v) for v in fetch)
+            return type(fetch)(recurse(v) for v in fetch)
         if hasattr(fetch, "_as_graph_element"):
-            return self._map(fetch._as_graph_element())  # noqa: SLF001
+            return recurse(fetch._as_graph_element())  # noqa: SLF001
         raise TypeError(
             f"tf_amp.Session cannot fetch or feed {fetch!r} of type {type(fetch).__name__}"
+        )
+
+    def _check_graph(self, element: Any, feed: bool) -> None:
+        """Refuses a tensor or op of another graph, as ``tf.compat.v1.Session`` does: looked up
+        by name, it would silently run this graph's namesake instead."""
+        if element.graph is self._graph:
+            return
+        if feed:
+            raise TypeError(
+                f"Cannot interpret feed_dict key as Tensor: {element!r} is not an element of "
+                f"this session's graph."
+            )
+        raise ValueError(
+            f"Fetch argument {element!r} cannot be interpreted as a Tensor: it is not an "
+            f"element of this session's graph."
         )
 
     def _half_twin(self, tensor: Any) -> tf.Tensor | None:
@@ -199,7 +217,7 @@ class Session(upstream_tf.Session):
             return feed_dict
         mapped: dict[Any, Any] = {}
         for key, value in feed_dict.items():
-            target = self._map(key)
+            target = self._map(key, feed=True)
             mapped[target] = value
             twin = self._half_twin(target)
             if twin is not None:  # the half consumers read the twin: feed it the same value
@@ -208,7 +226,7 @@ class Session(upstream_tf.Session):
 
     def _map_feed_list(self, feeds: list[Any]) -> tuple[list[Any], list[tuple[int, Any]]]:
         """Mapped feeds plus the half twins to feed too: (position of the fed value, twin)."""
-        mapped = [self._map(f) for f in feeds]
+        mapped = [self._map(f, feed=True) for f in feeds]
         twins = [(i, t) for i, f in enumerate(mapped) if (t := self._half_twin(f)) is not None]
         return mapped + [t for _, t in twins], twins
 
