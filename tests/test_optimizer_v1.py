@@ -84,6 +84,28 @@ def test_compute_gradients_are_unscaled_and_indexed_slices_kept():
             np.testing.assert_array_equal(*sess.run([plain[1][0].values, scaled[1][0].values]))
 
 
+def test_the_inner_optimizer_is_called_by_keyword_as_tensorflows_minimize_calls_it():
+    # An override that takes only (loss, var_list=None, **kwargs) works under TensorFlow's
+    # minimize; the wrapper passed six positional arguments and it raised a TypeError.
+    class KeywordsOnly(v1.train.GradientDescentOptimizer):
+        def compute_gradients(self, loss, var_list=None, **kwargs):  # noqa: ANN001, ANN201
+            return super().compute_gradients(loss, var_list, **kwargs)
+
+        def apply_gradients(self, grads_and_vars, **kwargs):  # noqa: ANN001, ANN201
+            return super().apply_gradients(grads_and_vars, **kwargs)
+
+    with tf.Graph().as_default():
+        w = v1.get_variable("w", initializer=tf.constant([3.0, 4.0]))
+        step = v1.train.get_or_create_global_step()
+        opt = tf_amp.LossScaleOptimizer(KeywordsOnly(0.5), 4.0)
+        train = opt.minimize(tf.reduce_sum(w * w) / 2.0, global_step=step)
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            sess.run(train)
+            np.testing.assert_array_equal(sess.run(w), [1.5, 2.0])
+            assert sess.run(step) == 1
+
+
 def test_clipping_between_compute_and_apply_rechecks_the_clipped_gradients():
     with tf.Graph().as_default():
         w = v1.get_variable("w", initializer=tf.constant([3.0, 4.0]))

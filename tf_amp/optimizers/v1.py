@@ -224,26 +224,42 @@ class V1LossScaleOptimizer(_V1Optimizer):
         if not self.enabled:
             return self._inner.compute_gradients(
                 loss,
-                var_list,
-                gate_gradients,
-                aggregation_method,
-                colocate_gradients_with_ops,
-                grad_loss,
+                var_list=var_list,
+                gate_gradients=gate_gradients,
+                aggregation_method=aggregation_method,
+                colocate_gradients_with_ops=colocate_gradients_with_ops,
+                grad_loss=grad_loss,
             )
+        return self.scaled_gradients(
+            self._inner.compute_gradients,
+            loss,
+            var_list=var_list,
+            gate_gradients=gate_gradients,
+            aggregation_method=aggregation_method,
+            colocate_gradients_with_ops=colocate_gradients_with_ops,
+            grad_loss=grad_loss,
+        )
+
+    def scaled_gradients(
+        self, compute_gradients: Callable[..., Any], loss: Any, **kwargs: Any
+    ) -> list[tuple[Any, Any]]:
+        """``compute_gradients(loss * scale, **kwargs)``, divided by the scale (one fused op).
+
+        ``compute_gradients`` is the inner optimizer's, or (the environment activation, for a
+        subclass that post-processes gradients in its own ``compute_gradients``) the base
+        class's method that override reaches, so the override sees true gradients.
+        """
+        if not self.enabled:
+            return compute_gradients(loss, **kwargs)
         scale = self._state().scale
         scaled: Any
         if callable(loss):
             scaled = _scaled_callable(self._policy, loss, scale)
         else:
             scaled = self._policy.scale(loss, _with_scale(scale))
-        grads_and_vars = self._inner.compute_gradients(
-            scaled,
-            var_list,
-            gate_gradients,
-            aggregation_method,
-            colocate_gradients_with_ops,
-            grad_loss,
-        )
+        # By keyword, as TensorFlow's own minimize calls it: a subclass's override may take
+        # only (loss, var_list=None, **kwargs).
+        grads_and_vars = compute_gradients(scaled, **kwargs)
         grads = [g for g, _ in grads_and_vars]
         unscaled, finite = unscale_and_check_finite(grads, scale)
         self._last_unscaled = (unscaled, finite)
@@ -270,7 +286,7 @@ class V1LossScaleOptimizer(_V1Optimizer):
     ) -> Any:
         """Applies unscaled gradients if all (on all replicas) are finite; moves the scale."""
         if not self.enabled:
-            return self._inner.apply_gradients(grads_and_vars, global_step, name)
+            return self._inner.apply_gradients(grads_and_vars, global_step=global_step, name=name)
         if tf.distribute.in_cross_replica_context() and tf.distribute.has_strategy():
             raise ValueError("apply_gradients() must be called in a replica context.")
         grads_and_vars = tuple(grads_and_vars)
@@ -303,7 +319,8 @@ class V1LossScaleOptimizer(_V1Optimizer):
 
         def apply_fn() -> Any:
             per_replica = distribution.extended.call_for_each_replica(
-                inner_apply, args=(grads_and_vars, global_step, name)
+                inner_apply, args=(grads_and_vars,), kwargs={"global_step": global_step,
+                                                             "name": name}
             )
             return distribution.group(per_replica) if per_replica is not None else None
 
