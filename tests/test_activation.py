@@ -945,6 +945,53 @@ def test_env_tf1_compute_then_apply_gradients_is_loss_scaled(tmp_path: Path) -> 
     assert float(fields[4]) == float(fields[3]) / 2
 
 
+TF1_OVERRIDE_SCRIPT = """
+    import numpy as np, tensorflow as tf
+    tf1 = tf.compat.v1
+    tf1.disable_eager_execution()
+
+    class ClippedGD(tf1.train.GradientDescentOptimizer):
+        # Its own compute_gradients, taking only (loss, var_list, **kwargs) as TensorFlow's
+        # minimize allows, clipping what super() returns.
+        def compute_gradients(self, loss, var_list=None, **kwargs):
+            self.calls = getattr(self, "calls", 0) + 1
+            grads_and_vars = super().compute_gradients(loss, var_list, **kwargs)
+            return [(tf.clip_by_norm(g, 1.0), v) for g, v in grads_and_vars if g is not None]
+
+    x = tf1.placeholder(tf.float32, [4, 2])
+    factor = tf1.placeholder_with_default(1.0, [])
+    w = tf1.get_variable("w", [2, 1], initializer=tf1.zeros_initializer())
+    loss = tf.reduce_mean(tf.square(tf.matmul(x, w) - 3.0)) * factor
+    opt = ClippedGD(0.5)
+    train = opt.minimize(loss)
+    print("override calls:", opt.calls)
+    with tf1.Session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        xs = np.ones((4, 2), np.float32)
+        for _ in range(20):
+            sess.run(train, {x: xs})
+        before = sess.run(w)
+        print("trained w:", *before.ravel())
+        sess.run(train, {x: xs, factor: np.inf})  # float32: NaN weights; loss-scaled: skipped
+        print("w unchanged:", bool(np.array_equal(before, sess.run(w))))
+"""
+
+
+def test_env_tf1_subclass_that_clips_in_its_compute_gradients_sees_true_gradients(
+    tmp_path: Path,
+) -> None:
+    # Wrapped whole, the override clipped gradients times 2**15 and the wrapper then divided
+    # them: updates 2**15 times too small (w 0.0008 for float32's 1.414). Its positional-only
+    # call also failed: the wrapper passed six positional arguments.
+    script = _write(tmp_path, "tf1_override.py", TF1_OVERRIDE_SCRIPT)
+    plain = _run(script, tmp_path, {ENV_ENABLE: "0"})
+    amp = _run(script, tmp_path, {ENV_ENABLE: "1", "TF_AMP_TARGET_DTYPE": "float16"})
+    want = [float(v) for v in plain.split("trained w:")[1].split()[:2]]
+    got = [float(v) for v in amp.split("trained w:")[1].split()[:2]]
+    np.testing.assert_allclose(got, want, rtol=1e-2)
+    assert "override calls: 1" in amp and "w unchanged: True" in amp
+
+
 TF1_INTERACTIVE_AND_MONITORED_SCRIPT = """
     import sys
     import numpy as np, tensorflow as tf

@@ -11,6 +11,8 @@ without tf_amp (float32 training) restore into such a graph, the scale starting 
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import logging
 import threading
 from collections.abc import Callable, Iterator
@@ -22,7 +24,9 @@ from tf_amp._upstream import tensorflow as upstream_tf
 from tf_amp.runtime.auto_loss_scale import STATE_NAME, is_tf_amp_wrapper, v1_wrapper_of
 
 _LOG = logging.getLogger("tf_amp")
-_LOCAL = threading.local()  # .depth: how many wrapper calls this thread is inside
+# .depth: how many wrapper calls this thread is inside; .scale_in_base: the optimizer whose
+# base compute_gradients is to scale (see v1_minimize_patch).
+_LOCAL = threading.local()
 
 
 def _v1_wrapper(optimizer: Any) -> Any:
@@ -72,13 +76,41 @@ def _passes_through(optimizer: Any) -> bool:
 
 
 def v1_minimize_patch(original: Callable[..., Any]) -> Callable[..., Any]:
-    """``tf.compat.v1.train.Optimizer.minimize`` through a cached loss-scale wrapper."""
+    """``tf.compat.v1.train.Optimizer.minimize`` through a cached loss-scale wrapper.
+
+    A subclass that overrides ``compute_gradients`` (to clip, all-reduce or log what its
+    ``super()`` call returns) gets its override run on the true loss, with the scaling done in
+    the base method it reaches (``_SCALE_IN_BASE``): wrapped whole, the override saw gradients
+    times 2**15, so a clip by norm 1 left updates 2**15 times too small.
+    """
+    signature = inspect.signature(original)
 
     def minimize(self: Any, loss: Any, *args: Any, **kwargs: Any) -> Any:
         if _passes_through(self):
             return original(self, loss, *args, **kwargs)
+        wrapper = _v1_wrapper(self)
+        if type(self).compute_gradients is tf.compat.v1.train.Optimizer.compute_gradients:
+            with _inside_wrapper():
+                return wrapper.minimize(loss, *args, **kwargs)
+        bound = signature.bind(self, loss, *args, **kwargs)
+        bound.apply_defaults()
+        given = dict(bound.arguments)
+        global_step, name = given.pop("global_step"), given.pop("name")
+        del given["self"], given["loss"]
+        _LOCAL.scale_in_base = self
+        try:
+            with _inside_wrapper():
+                grads_and_vars = self.compute_gradients(loss, **given)
+        finally:
+            _LOCAL.scale_in_base = None
+        if not any(g is not None for g, _ in grads_and_vars):
+            raise ValueError(
+                f"No gradients provided for any variable, check your graph for ops that do not "
+                f"support gradients, between variables {[str(v) for _, v in grads_and_vars]} "
+                f"and loss {loss}."
+            )
         with _inside_wrapper():
-            return _v1_wrapper(self).minimize(loss, *args, **kwargs)
+            return wrapper.apply_gradients(grads_and_vars, global_step=global_step, name=name)
 
     minimize.__wrapped__ = original  # type: ignore[attr-defined]
     return minimize
@@ -87,15 +119,23 @@ def v1_minimize_patch(original: Callable[..., Any]) -> Callable[..., Any]:
 def v1_compute_gradients_patch(
     original: Callable[..., Any], is_user_caller: Callable[[], bool]
 ) -> Callable[..., Any]:
-    """``Optimizer.compute_gradients`` called by user code: gradients of the scaled loss,
-    unscaled (the wrapper's ``compute_gradients``), so a script that clips or inspects them
-    between ``compute_gradients`` and ``apply_gradients`` sees true gradients."""
+    """``Optimizer.compute_gradients`` called by user code (or reached from a subclass's
+    override that ``minimize`` runs): gradients of the scaled loss, unscaled, so a script or
+    an override that clips or inspects them sees true gradients. The scaling happens here, in
+    the base method, so an override is never run a second time by the wrapper."""
+    signature = inspect.signature(original)
 
     def compute_gradients(self: Any, loss: Any, *args: Any, **kwargs: Any) -> Any:
-        if _passes_through(self) or not is_user_caller():
+        asked = getattr(_LOCAL, "scale_in_base", None) is self
+        if not asked and (_passes_through(self) or not is_user_caller()):
             return original(self, loss, *args, **kwargs)
+        _LOCAL.scale_in_base = None  # the first base call scales, no nested one
+        bound = signature.bind(self, loss, *args, **kwargs)
+        given = dict(bound.arguments)
+        del given["self"], given["loss"]
         with _inside_wrapper():
-            return _v1_wrapper(self).compute_gradients(loss, *args, **kwargs)
+            return _v1_wrapper(self).scaled_gradients(
+                functools.partial(original, self), loss, **given)
 
     compute_gradients.__wrapped__ = original  # type: ignore[attr-defined]
     return compute_gradients
