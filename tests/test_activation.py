@@ -992,6 +992,31 @@ def test_env_tf1_subclass_that_clips_in_its_compute_gradients_sees_true_gradient
     assert "override calls: 1" in amp and "w unchanged: True" in amp
 
 
+TF1_COMPAT_IMPORT_SCRIPT = """
+    import numpy as np
+    import tensorflow.compat.v1 as tf  # the idiom tf_upgrade_v2 recommends
+    tf.disable_v2_behavior()
+    x = tf.placeholder(tf.float32, [4, 8])
+    w = tf.get_variable("w", [8, 8])
+    y = tf.nn.relu(tf.matmul(x, w))
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        sess.run(y, {x: np.ones((4, 8), np.float32)})
+        print("session:", type(sess).__module__)
+    import tensorflow
+    print("same class:", tensorflow.compat.v1.Session is tf.Session)
+"""
+
+
+def test_env_patches_a_script_that_imports_tensorflow_compat_v1(tmp_path: Path) -> None:
+    # `import tensorflow.compat.v1 as tf` makes a second module object (and rebinds
+    # tf.compat.v1 to it): patched on the first alone, the script ran a plain Session.
+    out = _run(_write(tmp_path, "compat.py", TF1_COMPAT_IMPORT_SCRIPT), tmp_path,
+               {ENV_ENABLE: "1", "TF_AMP_TARGET_DTYPE": "float16"})
+    assert "session: tf_amp.runtime.session" in out and "same class: True" in out
+    assert "Converted" in out
+
+
 TF1_INTERACTIVE_AND_MONITORED_SCRIPT = """
     import sys
     import numpy as np, tensorflow as tf

@@ -87,12 +87,13 @@ def activate(requested: Settings | None = None) -> Settings:
             deactivate()
         _state.set_active_settings(requested)
         _hook = PostImportHook(
-            {"tensorflow": _patch_tensorflow, "keras": _patch_keras, "tf_keras": _patch_tf_keras},
+            {"tensorflow": _patch_tensorflow, "tensorflow.compat.v1": _patch_imported_compat_v1,
+             "keras": _patch_keras, "tf_keras": _patch_tf_keras},
             defer_inside="tf_amp.",
         )
         _hook.install()
         if "tensorflow" in sys.modules:
-            _patch_tensorflow(sys.modules["tensorflow"])
+            _patch_tensorflow(sys.modules["tensorflow"])  # and a loaded tensorflow.compat.v1
         if "keras" in sys.modules:
             _patch_keras(sys.modules["keras"])
         if "tf_keras" in sys.modules:  # tf_keras hook (see _patch_tf_keras)
@@ -168,12 +169,10 @@ def _patch_tensorflow(tf: Any) -> None:
             from tf_amp.runtime import session
 
             _patch(tf, "function", _make_function_patch)
-            _patch(tf.compat.v1, "Session", lambda _: session.Session)
-            _patch(tf.compat.v1, "InteractiveSession", lambda _: session.InteractiveSession)
             _patch(upstream_tf.session_manager, "session", session.SessionModuleShim)
-        # The activation made the eager context above (its device query) before the script
-        # could disable eager execution: TF1 scripts then need its eager entry gone.
-        _patch(tf.compat.v1, "disable_eager_execution", _disable_eager_execution_patch)
+        _patch_compat_v1(tf.compat.v1)
+        if "tensorflow.compat.v1" in sys.modules:
+            _patch_compat_v1(sys.modules["tensorflow.compat.v1"])
         if active.loss_scaling:
             from tf_amp.runtime import auto_loss_scale, auto_loss_scale_v1
 
@@ -193,6 +192,37 @@ def _patch_tensorflow(tf: Any) -> None:
             from tf_amp import ops
 
             ops.native_op_available()
+
+
+def _patch_imported_compat_v1(module: Any) -> None:
+    """The import hook's callback: the module the import ran, and the one it left in
+    ``sys.modules`` (TensorFlow's module code puts a lazy-loading wrapper there)."""
+    _patch_compat_v1(module)
+    _patch_compat_v1(sys.modules.get("tensorflow.compat.v1", module))
+
+
+def _patch_compat_v1(module: Any) -> None:
+    """``Session``, ``InteractiveSession`` and ``disable_eager_execution`` of one
+    ``tf.compat.v1`` module object.
+
+    Two such objects exist once a script runs ``import tensorflow.compat.v1 as tf`` (what
+    ``tf_upgrade_v2`` recommends): that import makes a second module, ``tensorflow.compat.v1``,
+    with its own attributes, and rebinds ``tf.compat.v1`` to it. Patched on the first alone,
+    such a script ran a plain Session: loss scaling without the rewrite, and nothing said.
+    """
+    with _state.LOCK:
+        key = f"tensorflow.compat.v1 {id(module)}"
+        if _state.active_settings() is None or key in _patched_modules:
+            return
+        _patched_modules.add(key)
+        if settings.resolved_active().graph_rewrite:
+            from tf_amp.runtime import session
+
+            _patch(module, "Session", lambda _: session.Session)
+            _patch(module, "InteractiveSession", lambda _: session.InteractiveSession)
+        # The activation made the eager context above (its device query) before the script
+        # could disable eager execution: TF1 scripts then need its eager entry gone.
+        _patch(module, "disable_eager_execution", _disable_eager_execution_patch)
 
 
 def _disable_eager_execution_patch(original: Callable[..., Any]) -> Callable[..., Any]:
