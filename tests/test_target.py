@@ -144,6 +144,20 @@ def test_enable_on_a_cpu_without_fast_16_bit_changes_nothing(cpu) -> None:
     assert not optimizer_wants_rewrite(opt)  # fit keeps Keras's own step: no rebuild cost
 
 
+@pytest.mark.parametrize("flags", [EPYC_ZEN4, EPYC_ZEN3], ids=["bfloat16", "float32"])
+def test_enable_scales_under_a_keras_float16_policy_whatever_the_target(cpu, flags) -> None:
+    # The wrapper is a loss-scale optimizer, so compile under mixed_float16 adds none of its
+    # own: left pass-through, the model's float16 gradients underflowed and it stopped
+    # training.
+    cpu(flags)
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        opt = tf_amp.enable_mixed_precision_graph_rewrite(keras.optimizers.SGD(0.1))
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert opt.enabled is True and float(opt.loss_scale) == 2.0**15
+
+
 def test_enable_keeps_loss_scaling_for_float16(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TF_AMP_TARGET_DTYPE", "float16")
     opt = tf_amp.enable_mixed_precision_graph_rewrite(keras.optimizers.SGD(0.1))

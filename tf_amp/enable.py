@@ -22,8 +22,11 @@ Typical use::
 
 from __future__ import annotations
 
+import logging
+import sys
 from typing import Any
 
+from tf_amp._say_once import say_once
 from tf_amp.config import process_target
 from tf_amp.optimizers import LossScaleOptimizer
 from tf_amp.runtime import _state, rewrite_switch
@@ -47,10 +50,12 @@ def enable_mixed_precision_graph_rewrite(
       opt: a Keras 3 optimizer, a tf_keras one (``tf_keras.optimizers.*`` or
         ``tf_keras.optimizers.legacy.*``) or a ``tf.compat.v1.train.Optimizer`` (not yet
         wrapped).
-      loss_scale: ``"auto"`` (default): dynamic loss scaling where the target is float16, none
-        where it is bfloat16 (float32's exponent range: nothing underflows, and the scaling
-        work costs 3-8% of a step) or float32; ``"dynamic"``, a number (static) or a
-        ``tf_amp.LossScale`` to ask for scaling whatever the target.
+      loss_scale: ``"auto"`` (default): dynamic loss scaling where the target is float16 or
+        a Keras global policy computes in float16 (``mixed_float16``: the wrapper stands in
+        for the one Keras's ``compile`` would add), none where it is bfloat16 (float32's
+        exponent range: nothing underflows, and the scaling work costs 3-8% of a step) or
+        float32; ``"dynamic"``, a number (static) or a ``tf_amp.LossScale`` to ask for
+        scaling whatever the target.
       **kwargs: passed to the wrapper (``enabled``, ``max_consecutive_skips``...).
 
     Where the target is float32 (``tf_amp.hardware``: no fast reduced precision on this
@@ -66,13 +71,35 @@ def enable_mixed_precision_graph_rewrite(
         if "enabled" not in kwargs:
             # A pass-through wrapper (scale 1, no check, no skip) keeps the custom-loop API
             # (get_scaled_loss...) working and its saved files identical in layout.
-            kwargs["enabled"] = target.needs_loss_scaling
+            kwargs["enabled"] = target.needs_loss_scaling or _a_keras_policy_computes_in_float16()
     wrapped = LossScaleOptimizer(opt, loss_scale=loss_scale, **kwargs)
     if not target.rewrites:
         # float32 target (no fast reduced precision here): nothing to rewrite, so no hook and
         # no rebuilt step either; fit runs Keras's own step, at float32's speed.
         return wrapped
     return mark_for_rewrite(wrapped)
+
+
+def _a_keras_policy_computes_in_float16() -> bool:
+    """Whether a loaded Keras (3 or tf_keras) has a global policy computing in float16.
+
+    Why: the wrapper is a loss-scale optimizer, so ``compile`` under ``mixed_float16`` adds
+    none of its own; left pass-through because the rewrite's target needs none (bfloat16, or
+    float32 on a CPU), the model's float16 gradients underflowed and its layers stopped
+    training, silently.
+    """
+    for name in ("keras", "tf_keras"):
+        module = sys.modules.get(name)
+        policy = getattr(getattr(module, "mixed_precision", None), "global_policy", None)
+        if policy is not None and getattr(policy(), "compute_dtype", None) == "float16":
+            say_once(
+                ("enable under a float16 policy", name),
+                logging.INFO,
+                "loss scaling on (dynamic): %s's global policy computes in float16",
+                name,
+            )
+            return True
+    return False
 
 
 def disable_mixed_precision_graph_rewrite() -> None:
