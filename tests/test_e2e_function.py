@@ -559,3 +559,23 @@ def test_function_attributes_reach_the_function_that_runs() -> None:
     assert any(op.type == "MatMul" and op.get_attr("T") == tf.float16
                for op in rebuilt.graph.get_operations())
     np.testing.assert_allclose(fn(tf.ones((4, 4))).numpy(), 4.0)
+
+
+def test_a_returned_tensor_array_keeps_the_element_dtype_it_promised(monkeypatch) -> None:
+    # Its list ops took the half element type of the MatMul writing into it; the caller's
+    # float32 stack then failed ("op elements float but list elements half").
+    monkeypatch.setenv("TF_AMP_TARGET_DTYPE", "float16")
+    x = tf.random.stateless_normal([4, 8], seed=(1, 2))
+    w = tf.random.stateless_normal([8, 8], seed=(3, 4))
+
+    def write_two(a: tf.Tensor) -> tf.TensorArray:
+        array = tf.TensorArray(tf.float32, size=2)
+        return array.write(0, tf.matmul(a, w)).write(1, a)
+
+    def stack(handle: tf.Tensor) -> tf.Tensor:  # what a caller does with the returned list
+        return tf.raw_ops.TensorListStack(input_handle=handle, element_shape=[4, 8],
+                                          element_dtype=tf.float32)
+
+    want = stack(tf.function(write_two)(x))
+    got = stack(tf_amp.function(write_two)(x))
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-2, atol=1e-2)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tf_amp.painter.colours import ALLOW_C, DENY_C
-from tf_amp.painter.reasons import Reason
+from tf_amp.painter.reasons import Block, Reason
 from tf_amp.painter.state import PaintState
 from tf_amp.type_attrs import ARG_OP, DT_VARIANT, RETVAL_OP, BodyView
 
@@ -72,7 +72,8 @@ def find_tensor_list_clusters(state: PaintState) -> list[list[int]]:
     ]
     if not members:
         return []
-    find, unsafe_roots = _join_handles(view)
+    preserved = [block == Block.PRESERVED for block in state.node_block]
+    find, unsafe_roots = _join_handles(view, preserved)
     clusters: dict[int, list[int]] = {}
     for v in members:
         root = find(view.v_node[v])
@@ -96,13 +97,17 @@ def find_tensor_list_clusters(state: PaintState) -> list[list[int]]:
     return result
 
 
-def _join_handles(view: BodyView) -> tuple[Callable[[int], int], set[int]]:
+def _join_handles(
+    view: BodyView, preserved: list[bool]
+) -> tuple[Callable[[int], int], set[int]]:
     """Union-find over the nodes joined by variant (handle) edges: (the root finder, the roots
     of groups whose handle touches a sink).
 
     Handles are followed through ordinary nodes (Identity, Switch, Merge, Enter, ...) but not
     through sinks: lists on the two sides of a While/If/call stay separate clusters, each
-    denied because it touches the boundary.
+    denied because it touches the boundary. A preserved node (a fetch: the output Identity of
+    a ``tf_amp.function`` returning a TensorArray) is a sink too: the caller reads the list
+    with the element type the graph promised.
     """
     parent = list(range(len(view.names)))
 
@@ -117,6 +122,8 @@ def _join_handles(view: BodyView) -> tuple[Callable[[int], int], set[int]]:
             return True
         if n >= view.num_real:
             return False
+        if preserved[n]:
+            return True
         info = view.infos[n]
         return info is None or info.is_function or info.has_func_attr
 
