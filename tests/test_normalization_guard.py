@@ -113,3 +113,30 @@ def test_o3_paints_the_normalization_too() -> None:
     """O3 asks for every op with a half kernel: the guard does not override it."""
     result = _rewrite(_normalized_between_matmuls(), opt_level="O3")
     assert _dtypes(result.graph_def, "batchnorm/add_1") == [tf.float16.as_datatype_enum]
+
+
+def test_the_backward_multiplication_by_the_uncentred_input_stays_float32() -> None:
+    # dy * x, the gradient of inv, multiplies a loss-scaled gradient by x itself (a mean of
+    # 300 here): painted half, its products overflowed float16 where float32 stays finite.
+    w2 = np.random.default_rng(0).standard_normal((16, 8)).astype(np.float32)
+
+    @tf.function(input_signature=[tf.TensorSpec([64, 16], tf.float32)])
+    def step(x: tf.Tensor) -> tf.Tensor:
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            h = tf.matmul(x, tf.eye(16))
+            mean, var = tf.nn.moments(h, axes=[0])
+            y = tf.nn.batch_normalization(h, mean, var, tf.zeros(16), tf.ones(16), 1e-3)
+            loss = tf.reduce_sum(tf.matmul(y, tf.constant(w2))) * 2.0**15
+        return tf.identity(tape.gradient(loss, x), name="out")
+
+    graph_def = step.get_concrete_function().graph.as_graph_def()
+    report = _rewrite(step.get_concrete_function()).report
+    backward = [n.name for n in graph_def.node
+                if n.op == "Mul" and n.name.startswith("gradient_tape/")
+                and n.name.endswith("batchnorm/mul_1/Mul_1")]
+    assert backward, "no dy * x node: the test no longer tests the backward"
+    assert report.decision_for(backward[0], "T").dtype == "float32"
+    assert "normaliz" in report.decision_for(backward[0], "T").reason
+    unguarded = _rewrite(step.get_concrete_function(), guard_normalization=False).report
+    assert unguarded.decision_for(backward[0], "T").dtype == "float16"

@@ -21,11 +21,14 @@ two standard errors; over 16 batches 0.036 against 0.035). Float16 elementwise a
 rounds the same on a GPU as on a CPU (each op computes in float32 and rounds once), so the
 measurement holds on the GPUs float16 targets.
 
-The guard keeps exactly the two nodes that round the cancelling terms: the ``Mul`` of ``x`` by
-the rsqrt-derived scale, and the ``Add``/``AddV2`` of the shift. Everything else (the statistics
-are float32 already, being ``Mean``; the backward pass, which has no such cancellation) is
-painted as TensorFlow paints it. ``RewriteConfig(guard_normalization=False)`` /
-``TF_AMP_GUARD_NORMALIZATION=0`` turns it off.
+The guard keeps the two nodes that round the cancelling terms: the ``Mul`` of ``x`` by the
+rsqrt-derived scale, and the ``Add``/``AddV2`` of the shift; and, in the backward pass, the
+``Mul`` of the upstream gradient by that same ``x`` (the gradient of ``inv``): ``x`` is as far
+from zero as the mean, and times a loss-scaled gradient it overflowed float16 (measured: a
+Conv2D with a mean of 100 before ``BatchNormalization``, 2 of 20 steps skipped and the scale
+a quarter of Keras's ``mixed_float16``, which skipped none; guarded, none). Everything else
+(the statistics are float32 already, being ``Mean``) is painted as TensorFlow paints it.
+``RewriteConfig(guard_normalization=False)`` / ``TF_AMP_GUARD_NORMALIZATION=0`` turns it off.
 """
 
 from __future__ import annotations
@@ -70,6 +73,7 @@ def normalization_sum_nodes(view: BodyView) -> frozenset[int]:
         return view.ops[mean_times] == "Mul" and bool(scales & set(inputs(mean_times)))
 
     guarded: set[int] = set()
+    centred_inputs: set[tuple[int, int]] = set()  # the x of each guarded x * inv
     for total in range(view.num_real):
         if view.ops[total] not in _SUMS:
             continue
@@ -82,7 +86,16 @@ def normalization_sum_nodes(view: BodyView) -> frozenset[int]:
             scales = {t for t in inputs(scaled) if is_inverse_std(t)}
             if scales and shift_shares(shift, scales):
                 guarded.update((scaled, total))
+                centred_inputs.update(t for t in inputs(scaled) if t not in scales)
                 break
+    # The backward's dy * x (the gradient of inv) multiplies the loss-scaled dy by the same
+    # uncentred x: a hundred times the std, it overflowed float16 where float32 and Keras's
+    # policy stay finite (steps skipped, the scale halved).
+    for node in range(view.num_real):
+        if view.ops[node] == "Mul" and node not in guarded:
+            operands = inputs(node)
+            if centred_inputs.intersection(operands) and not any(map(is_inverse_std, operands)):
+                guarded.add(node)
     return frozenset(guarded)
 
 
