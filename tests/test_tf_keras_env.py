@@ -332,3 +332,45 @@ def test_mirrored_strategy_two_logical_cpus_agree_and_skip_together() -> None:
         assert facts[kind]["skipped"] == 3 and facts[kind]["iterations"] == 5
         assert facts[kind]["fit_iterations"] == 6
         assert facts[kind]["fit_losses"][-1] < facts[kind]["fit_losses"][0]
+
+
+SAVE_UNDER_ENV = """
+    import numpy as np, tf_keras as K
+    x = np.random.default_rng(0).normal(size=(64, 8)).astype("float32"); y = np.arange(64) % 3
+    m = K.Sequential([K.layers.Dense(16, activation="relu", input_shape=(8,)), K.layers.Dense(3)])
+    m.compile(K.optimizers.Adam(1e-2), K.losses.SparseCategoricalCrossentropy(from_logits=True))
+    m.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    print("optimizer:", type(m.optimizer).__name__)
+    m.save("model.keras"); m.save("model.h5"); m.save("saved_model")
+    reloaded = K.models.load_model("model.h5")  # still under the environment
+    print("h5 iterations under the environment:", int(reloaded.optimizer.iterations.numpy()))
+"""
+
+LOAD_WITHOUT_TF_AMP = """
+    import sys
+
+    class NoTfAmp:  # a machine where tf_amp is not installed
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] == "tf_amp":
+                raise ModuleNotFoundError(name)
+
+    sys.meta_path.insert(0, NoTfAmp())
+    import tf_keras as K
+    for path in ("model.keras", "model.h5", "saved_model"):
+        model = K.models.load_model(path)
+        print(path, type(model.optimizer).__name__, int(model.optimizer.iterations.numpy()))
+"""
+
+
+def test_env_files_load_where_tf_amp_is_not_installed(tmp_path: Path) -> None:
+    # Saved as is, all three formats named tf_amp>TfKerasLossScaleOptimizer; an .h5 loaded
+    # under the environment lost its optimizer state (the wrapper was not built).
+    (tmp_path / "save.py").write_text(textwrap.dedent(SAVE_UNDER_ENV))
+    (tmp_path / "load.py").write_text(textwrap.dedent(LOAD_WITHOUT_TF_AMP))
+    out = _run(tmp_path / "save.py", tmp_path,
+               {"TF_ENABLE_AUTO_MIXED_PRECISION": "1", "TF_AMP_TARGET_DTYPE": "float16"})
+    assert _field(out, "optimizer") == "TfKerasLossScaleOptimizer"
+    assert _field(out, "h5 iterations under the environment") == "8"
+    loaded = _run(tmp_path / "load.py", tmp_path, {})
+    assert "model.keras Adam 8" in loaded and "model.h5 Adam 8" in loaded
+    assert "saved_model Adam" in loaded  # a SavedModel keeps no optimizer state in tf_keras

@@ -102,6 +102,15 @@ def model_class() -> type:
     return module().Model
 
 
+def save_model_owners() -> list[Any]:
+    """The modules whose ``save_model`` saves a tf_keras model: ``saving_api`` (which
+    ``Model.save`` calls through its module attribute) and ``tf_keras.models``, which binds the
+    same function under its own name."""
+    from tf_keras.src.saving import saving_api
+
+    return [saving_api, module().models]
+
+
 def register_serializable(cls: type) -> type:
     """Registers ``cls`` as ``tf_amp>Name`` with tf_keras's serialization (load_model)."""
     return module().saving.register_keras_serializable(package="tf_amp")(cls)

@@ -73,6 +73,20 @@ class TfKerasLossScaling(TfKerasScaleState, TfKerasConfig):
 
     _tf_amp_loss_scale_wrapper = True
     _legacy = False
+    # Set on the wrapper the environment activation puts around a script's own optimizer:
+    # files that tf_keras's save_model writes then hold that optimizer (the activation swaps
+    # it in for the save), and .h5 weights load into it, so files stay interchangeable with
+    # float32 runs and with a process that has no tf_amp.
+    saves_as_inner = False
+
+    def set_weights(self, weights: Sequence[Any]) -> None:
+        """A ``saves_as_inner`` wrapper passes the weights to its inner optimizer: a ``.h5``
+        file, float32 or saved under the environment, holds that optimizer's weights (loaded
+        into the wrapper, tf_keras found it unbuilt and dropped the state with a warning)."""
+        if self.saves_as_inner:
+            self._optimizer.set_weights(weights)
+        else:
+            super().set_weights(weights)
 
     def _init_scaling(
         self,

@@ -43,6 +43,8 @@ def activate(*, graph_rewrite: bool, loss_scaling: bool) -> None:
     if loss_scaling:
         model = upstream.model_class()
         tf_keras_fit.acquire(TAG, model, "compile", compile_patch)
+        for owner in upstream.save_model_owners():
+            tf_keras_fit.acquire(TAG, owner, "save_model", save_model_patch)
         for base in upstream.optimizer_bases():
             tf_keras_fit.acquire(TAG, base, "apply_gradients", apply_gradients_patch)
         # tf_keras's own wrappers mark the loss they scale, so tape.gradient leaves it alone.
@@ -74,7 +76,40 @@ def _wrapped_for_env(optimizer: Any) -> Any:
         return existing  # a recompile with the same optimizer keeps its scale
     # The scale is tracked on the inner optimizer too, so tf.train.Checkpoint(optimizer=opt)
     # with the script's own optimizer saves and restores it.
-    return wrap(resolved, loss_scale="dynamic")
+    wrapper = wrap(resolved, loss_scale="dynamic")
+    object.__setattr__(wrapper, "saves_as_inner", True)  # see save_model_patch
+    return wrapper
+
+
+def save_model_patch(original: Callable[..., Any]) -> Callable[..., Any]:
+    """tf_keras's ``save_model`` (``Model.save``; ``.keras``, ``.h5`` and SavedModel) that
+    stores the script's own optimizer, not the wrapper the activation put around it.
+
+    Saved as is, every format named ``tf_amp>TfKerasLossScaleOptimizer``, which a process
+    without tf_amp cannot load. During the save the model holds the inner optimizer, so the
+    file is the one a float32 run writes (the loss-scale state is not in it: loaded under the
+    environment, the scale starts afresh; ``tf.train.Checkpoint`` keeps it).
+    """
+
+    def save_model(model: Any, *args: Any, **kwargs: Any) -> Any:
+        optimizer = getattr(model, "optimizer", None)
+        if not getattr(optimizer, "saves_as_inner", False):
+            return original(model, *args, **kwargs)
+        inner = optimizer.inner_optimizer
+        compile_config = model.__dict__.get("_compile_config")  # what .keras files store
+        object.__setattr__(model, "optimizer", inner)  # no re-tracking
+        if compile_config is not None and compile_config.config.get("optimizer") is optimizer:
+            swapped = type(compile_config)(**dict(compile_config.config, optimizer=inner))
+            object.__setattr__(model, "_compile_config", swapped)
+        try:
+            return original(model, *args, **kwargs)
+        finally:
+            object.__setattr__(model, "optimizer", optimizer)
+            if compile_config is not None:
+                object.__setattr__(model, "_compile_config", compile_config)
+
+    save_model.__wrapped__ = original  # type: ignore[attr-defined]
+    return save_model
 
 
 def compile_patch(original: Callable[..., Any]) -> Callable[..., Any]:
