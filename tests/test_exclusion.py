@@ -126,3 +126,27 @@ def test_an_excluded_scope_covers_the_functions_it_calls():
         assert {n.attr["T"].type for n in function.node_def if n.op == "MatMul"} == {
             tf.float32.as_datatype_enum
         }
+
+
+def test_the_tapes_gradient_of_an_excluded_function_call_stays_float32():
+    """A tape differentiates a call with a call of its own, of a backward function (a plain
+    "PartitionedCall", named after nothing excluded): its MatMuls ran half where the user
+    kept the region float32, inlined or (jit_compile) left in the library."""
+    w = tf.Variable(tf.random.stateless_normal([16, 16], seed=(1, 2)) * 0.3)
+    x = tf.random.stateless_normal([8, 16], seed=(3, 4))
+    for jit_compile in (False, True):
+        head = tf.function(lambda a: tf.matmul(a, w), jit_compile=jit_compile)
+        regions = {"keep_float32": (tf_amp.keep_float32, ()),
+                   "scope": (lambda: tf.name_scope("head"), ("head",))}
+        for kind, (region, scopes) in regions.items():
+            def step(a: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+                with tf.GradientTape() as tape:
+                    with region():  # noqa: B023 - called at once, in this iteration
+                        y = head(a)  # noqa: B023
+                    loss = tf.reduce_sum(y * y)
+                return loss, tape.gradient(loss, w)
+
+            config = RewriteConfig(target_dtype="float16", exclude_scopes=scopes)
+            _, want = tf.function(step)(x)
+            _, got = tf_amp.function(step, config=config)(x)
+            np.testing.assert_array_equal(got, want, err_msg=f"{kind}, jit {jit_compile}")

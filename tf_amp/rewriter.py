@@ -169,8 +169,14 @@ def _rewrite(
     )
     for view in views:
         view.saved_gradient_types = saved_gradient_types
+    backward_of = {  # a tape's backward function names its forward one
+        f.attr["forward_function_name"].s.decode(): f.signature.name
+        for f in out.library.function
+        if "forward_function_name" in f.attr
+    }
     excluded_bodies = functions_called_from_excluded_nodes(
-        [(name, view) for (name, _, _), view in zip(bodies, views, strict=True)], config
+        [(name, view) for (name, _, _), view in zip(bodies, views, strict=True)], config,
+        backward_of,
     )
     for (name, container, _fdef), view in zip(bodies, views, strict=False):
         preserve = config.preserve_nodes if not name else frozenset()

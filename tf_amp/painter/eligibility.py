@@ -14,7 +14,7 @@ excluded region are excluded with it.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 from tf_amp.config import RewriteConfig
 from tf_amp.lists import OpLists
@@ -243,7 +243,9 @@ def _exclude_backward_of_excluded(
 
 
 def functions_called_from_excluded_nodes(
-    views: Sequence[tuple[str, BodyView]], config: RewriteConfig
+    views: Sequence[tuple[str, BodyView]],
+    config: RewriteConfig,
+    backward_of: Mapping[str, str] | None = None,
 ) -> frozenset[str]:
     """Names of the functions whose every node is excluded: those an excluded node calls (a
     ``While`` / ``If`` / function call made under ``tf_amp.keep_float32`` or in an excluded
@@ -253,8 +255,11 @@ def functions_called_from_excluded_nodes(
     names only the nodes of its own body: a loop body, a branch or a nested ``tf.function``
     is traced into a graph of its own, and was painted as if nothing excluded it (``inf``
     where the user kept float32). A function called from both inside and outside an excluded
-    region is one body: it is kept float32 for both.
+    region is one body: it is kept float32 for both. ``backward_of`` maps a forward function
+    to the backward function a tape made of it (called by a node named after nothing
+    excluded): excluded with it.
     """
+    backward_of = backward_of or {}
     scopes = tuple(s.rstrip("/") for s in config.exclude_scopes if s.strip("/"))
     prefixes = tuple(s + "/" for s in scopes)
     bodies = {body for body, _ in views if body}
@@ -283,6 +288,8 @@ def functions_called_from_excluded_nodes(
         if function not in excluded:
             excluded.add(function)
             pending.extend(calls.get(function, ()))
+            if function in backward_of:
+                pending.append(backward_of[function])
     return frozenset(excluded)
 
 

@@ -32,6 +32,7 @@ def rebuild_concrete_function(
     rewrite: _graphdef.RewriteFn,
     jit_compile: bool | None = None,
     add_shapes: bool = False,
+    exclude_scopes: tuple[str, ...] = (),
 ) -> Any:
     """Returns a ConcreteFunction running ``rewrite`` of ``original``'s graph on its variables.
 
@@ -60,7 +61,8 @@ def rebuild_concrete_function(
     graph_def = _graphdef.inputs_as_placeholders(
         graph.as_graph_def(add_shapes=add_shapes), placeholder_names
     )
-    mark_callees_of_excluded_calls(graph_def)  # before inlining drops the call's mark
+    # Before inlining drops the call's mark (and its scope: the inlined backward is not in it).
+    mark_callees_of_excluded_calls(graph_def, exclude_scopes)
     graph_def = _graphdef.inline_library(graph_def, keep)
     with _graphdef.naming_graph(graph.name):
         graph_def = rewrite(graph_def, frozenset(fetched))

@@ -200,6 +200,7 @@ class Function:
                 rebuilt = rebuild_concrete_function(
                     original, self._rewrite_fn(), self._jit_compile,
                     add_shapes=config is not None and config.probe,
+                    exclude_scopes=config.exclude_scopes if config is not None else (),
                 )
                 if _has_custom_gradient(original.graph):
                     self._float32_under_outer_tapes[id(rebuilt)] = original

@@ -11,6 +11,7 @@ from collections.abc import Collection
 from typing import Any
 
 EXCLUDE_ATTR = "_tf_amp_exclude"  # node attr: never convert this node
+_FORWARD_FUNCTION = "forward_function_name"  # a tape's backward function's attr
 # The attr's two values: ``b=True`` is the user's (``tf_amp.keep_float32``, exclude scopes in a
 # traced function), and its gradient ops are kept float32 too; ``s=FLOAT32_VIEW`` marks the
 # float32 view the rewriter leaves under an op's old name in name-preserving mode, which no
@@ -31,9 +32,10 @@ def exclude_mark(attrs: Any) -> int:
     return EXCLUDE_VIEW if value.s == FLOAT32_VIEW else EXCLUDE_NONE
 
 
-def mark_callees_of_excluded_calls(graph_def: Any) -> int:
-    """Marks excluded (``b=True``) every node of each library function that a marked node
-    calls, transitively; returns how many nodes it marked. Changes ``graph_def`` in place.
+def mark_callees_of_excluded_calls(graph_def: Any, scopes: Collection[str] = ()) -> int:
+    """Marks excluded (``b=True``) every node of each library function that a marked node (or
+    a node of the main graph under one of the excluded name ``scopes``) calls, transitively;
+    returns how many nodes it marked. Changes ``graph_def`` in place.
 
     Why: ``tf_amp.keep_float32`` marks the ops built in its own graph, so a nested
     ``tf.function`` called in the block is one marked call node, and the callee's nodes carry
@@ -44,6 +46,8 @@ def mark_callees_of_excluded_calls(graph_def: Any) -> int:
     functions = {f.signature.name: f for f in graph_def.library.function}
     if not functions:
         return 0
+    scopes = tuple(s.rstrip("/") for s in scopes if s.strip("/"))
+    prefixes = tuple(s + "/" for s in scopes)
     pending = [
         callee
         for nodes in (graph_def.node, *(f.node_def for f in functions.values()))
@@ -51,18 +55,42 @@ def mark_callees_of_excluded_calls(graph_def: Any) -> int:
         if exclude_mark(node.attr) == EXCLUDE_USER
         for callee in called_functions(node, functions)
     ]
+    pending += [
+        callee
+        for node in graph_def.node
+        if prefixes and (node.name in scopes or node.name.startswith(prefixes))
+        for callee in called_functions(node, functions)
+    ]
+    # A tape's gradient of a call is a call of its own (plain "PartitionedCall", named after
+    # nothing excluded) of a backward function that names its forward one: it is kept
+    # float32 with it, as the gradient ops of an excluded region are.
+    backward_of = {
+        f.attr[_FORWARD_FUNCTION].s.decode(): name
+        for name, f in functions.items()
+        if _FORWARD_FUNCTION in f.attr
+    }
     done: set[str] = set()
+    backward_calls: set[str] = set()
     marked = 0
     while pending:
         name = pending.pop()
         if name in done:
             continue
         done.add(name)
+        if name in backward_of:
+            pending.append(backward_of[name])
+            backward_calls.add(backward_of[name])
         for node in functions[name].node_def:
             if exclude_mark(node.attr) != EXCLUDE_USER:
                 node.attr[EXCLUDE_ATTR].b = True
                 marked += 1
             pending.extend(called_functions(node, functions))
+    for nodes in (graph_def.node, *(f.node_def for f in functions.values())):
+        for node in nodes:
+            if (exclude_mark(node.attr) != EXCLUDE_USER
+                    and backward_calls.intersection(called_functions(node, functions))):
+                node.attr[EXCLUDE_ATTR].b = True
+                marked += 1
     return marked
 
 
