@@ -117,6 +117,24 @@ def test_a_node_with_a_converted_attr_is_no_float32_island(
     assert "FusedBatchNormV3" not in islands and "Sum" in islands
 
 
+def test_inspect_names_each_logged_graph(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Many functions share one log directory; the header showed only a stamp.
+    from tf_amp.config import RewriteConfig
+    from tf_amp.rewriter import rewrite_graph_def
+
+    logs = tmp_path / "logs"
+    for name in ("train_step", "eval_step"):
+        rewrite_graph_def(_matmul_graph_def(), RewriteConfig(log_dir=str(logs)),
+                          graph_name=name)
+    capsys.readouterr()
+    assert cli.main(["inspect", str(logs)]) == 0
+    headers = [line for line in capsys.readouterr().out.splitlines()
+               if line.startswith("== graph")]
+    assert [h.rsplit(" ", 1)[-1] for h in headers] == ["(train_step)", "(eval_step)"]
+
+
 def test_inspect_of_an_empty_directory_says_so(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

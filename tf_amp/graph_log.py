@@ -124,6 +124,7 @@ def _write_rewrite_logs(
         lines.extend(ops)
     put("paintbuckets", f"paintbuckets_AutoMixedPrecision_{stamp}.txt", "\n".join(lines) + "\n")
     head = {
+        "graph_name": report.graph_name,  # which function: many share one log directory
         "summary": report.summary_line(),
         "target_dtype": report.target_dtype,
         "target_reason": report.target_reason,

@@ -59,7 +59,8 @@ def format_graph_summary(stamp: str, files: dict[str, str], max_islands: int = 5
     if not lines:
         return f"== graph {stamp}\n  (empty decisions file {files['decisions']})"
     head, decisions = lines[0], lines[1:]
-    out = [f"== graph {stamp}", f"  {head.get('summary', '')}"]
+    name = f" ({head['graph_name']})" if head.get("graph_name") else ""
+    out = [f"== graph {stamp}{name}", f"  {head.get('summary', '')}"]
     if head.get("target_reason"):
         out.append(f"  target: {head.get('target_dtype')} ({head['target_reason']})")
     before = read_graph_def(files["before"]) if "before" in files else None
