@@ -127,6 +127,32 @@ def test_activation_patches_and_restores_exactly() -> None:
     assert "make_train_function" not in vars(keras.Model)
 
 
+def test_env_tf1_optimizer_that_hands_compute_gradients_to_another_is_scaled() -> None:
+    # SyncReplicasOptimizer and Horovod's DistributedOptimizer override compute_gradients to
+    # call another optimizer's: the base method reached on that one must scale the loss.
+    class Delegating(tf.compat.v1.train.Optimizer):
+        def __init__(self, inner: tf.compat.v1.train.Optimizer) -> None:
+            super().__init__(use_locking=False, name="Delegating")
+            self._inner = inner
+
+        def compute_gradients(self, *args, **kwargs):  # noqa: ANN002, ANN003, ANN201
+            return self._inner.compute_gradients(*args, **kwargs)
+
+        def apply_gradients(self, *args, **kwargs):  # noqa: ANN002, ANN003, ANN201
+            return self._inner.apply_gradients(*args, **kwargs)
+
+    with activation.activated(Settings(graph_rewrite=False, loss_scaling=True)):
+        graph = tf.Graph()
+        with graph.as_default():
+            w = tf.compat.v1.get_variable("w", [2, 1])
+            loss = tf.reduce_sum(w * w, name="loss")
+            Delegating(tf.compat.v1.train.GradientDescentOptimizer(0.1)).minimize(loss)
+            readers = [op for op in graph.get_operations() if loss in op.inputs]
+    # Unscaled, only the gradient's own ops read it; scaled, a Mul by the scale does.
+    assert [op.type for op in readers if not op.name.startswith("gradients")] == ["Mul"], [
+        op.name for op in readers]
+
+
 def test_each_half_patches_only_its_own_part() -> None:
     original_function = tf.function
     with activation.activated(Settings(graph_rewrite=False, loss_scaling=True)):

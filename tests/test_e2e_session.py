@@ -318,3 +318,21 @@ def test_a_tensor_or_op_of_another_graph_is_refused_as_a_plain_session_does() ->
         with pytest.raises(TypeError, match="Cannot interpret feed_dict key"):
             sess.run("a:0", {other_x: [1.0, 2.0]})
         np.testing.assert_array_equal(sess.run("a:0", {"x:0": [1.0, 2.0]}), [2.0, 4.0])
+
+
+def test_a_fed_constant_beyond_the_half_range_reaches_its_half_readers() -> None:
+    # A clipped half copy of the Const (read by float32 and half ops) was not fed: the half
+    # MatMul used the constant's value where a plain Session uses the feed.
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float32, [2, 2], name="x")
+        c = tf.constant([[1e5, 1.0], [2.0, 3.0]], name="c")
+        y = tf.matmul(x, c, name="y")
+        z = tf.reduce_sum(tf.math.log(c), name="z")  # a float32 reader
+    feeds = {x: np.eye(2, dtype=np.float32), c: np.ones((2, 2), np.float32)}
+    with tf1.Session(graph=graph) as plain:
+        want = plain.run([y, z], feeds)
+    with tf_amp.Session(graph=graph) as sess:
+        got = sess.run([y, z], feeds)
+    np.testing.assert_array_equal(got[0], want[0])
+    assert got[1] == want[1]

@@ -342,6 +342,7 @@ SAVE_UNDER_ENV = """
     m.fit(x, y, batch_size=8, epochs=1, verbose=0)
     print("optimizer:", type(m.optimizer).__name__)
     m.save("model.keras"); m.save("model.h5"); m.save("saved_model")
+    K.saving.save_model(m, "saving.keras")  # the same function, bound in tf_keras.saving
     reloaded = K.models.load_model("model.h5")  # still under the environment
     print("h5 iterations under the environment:", int(reloaded.optimizer.iterations.numpy()))
 """
@@ -356,7 +357,7 @@ LOAD_WITHOUT_TF_AMP = """
 
     sys.meta_path.insert(0, NoTfAmp())
     import tf_keras as K
-    for path in ("model.keras", "model.h5", "saved_model"):
+    for path in ("model.keras", "model.h5", "saved_model", "saving.keras"):
         model = K.models.load_model(path)
         print(path, type(model.optimizer).__name__, int(model.optimizer.iterations.numpy()))
 """
@@ -373,4 +374,5 @@ def test_env_files_load_where_tf_amp_is_not_installed(tmp_path: Path) -> None:
     assert _field(out, "h5 iterations under the environment") == "8"
     loaded = _run(tmp_path / "load.py", tmp_path, {})
     assert "model.keras Adam 8" in loaded and "model.h5 Adam 8" in loaded
+    assert "saving.keras Adam 8" in loaded
     assert "saved_model Adam" in loaded  # a SavedModel keeps no optimizer state in tf_keras

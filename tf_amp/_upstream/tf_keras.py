@@ -104,11 +104,11 @@ def model_class() -> type:
 
 def save_model_owners() -> list[Any]:
     """The modules whose ``save_model`` saves a tf_keras model: ``saving_api`` (which
-    ``Model.save`` calls through its module attribute) and ``tf_keras.models``, which binds the
-    same function under its own name."""
+    ``Model.save`` calls through its module attribute), and ``tf_keras.models`` and
+    ``tf_keras.saving``, which bind the same function under their own names."""
     from tf_keras.src.saving import saving_api
 
-    return [saving_api, module().models]
+    return [saving_api, module().models, module().saving]
 
 
 def register_serializable(cls: type) -> type:

@@ -61,9 +61,13 @@ def plan_and_apply(
 ) -> CastPlan:
     """Apply ``painting`` to the body's protos. ``container`` is the GraphDef (``.node``) or
     the FunctionDef (``.node_def``, ``.ret``) that owns ``view.protos``."""
-    planner = _BodyPlanner(view, painting, container, target, fold_constant_casts)
     # Function bodies keep their names: their boundary is the signature, not node names.
     preserve_names = preserve_names and not view.is_function
+    # Not in name-preserving mode (a TF1 Session): a feed of the Const must reach every
+    # reader, and a copy under another name would not be fed.
+    planner = _BodyPlanner(
+        view, painting, container, target, fold_constant_casts and not preserve_names
+    )
     renamed, out_dtypes = planner.choose_renames() if preserve_names else ({}, {})
     float_switches = planner.float32_switches(renamed)
     planner.convert_type_attrs()

@@ -80,8 +80,10 @@ def v1_minimize_patch(original: Callable[..., Any]) -> Callable[..., Any]:
 
     A subclass that overrides ``compute_gradients`` (to clip, all-reduce or log what its
     ``super()`` call returns) gets its override run on the true loss, with the scaling done in
-    the base method it reaches (``_SCALE_IN_BASE``): wrapped whole, the override saw gradients
-    times 2**15, so a clip by norm 1 left updates 2**15 times too small.
+    the first base method it reaches (``_LOCAL.scale_in_base``), on it or on an optimizer it
+    hands the call to (``SyncReplicasOptimizer``, Horovod's ``DistributedOptimizer``): wrapped
+    whole, the override saw gradients times 2**15, so a clip by norm 1 left updates 2**15
+    times too small.
     """
     signature = inspect.signature(original)
 
@@ -126,15 +128,17 @@ def v1_compute_gradients_patch(
     signature = inspect.signature(original)
 
     def compute_gradients(self: Any, loss: Any, *args: Any, **kwargs: Any) -> Any:
-        asked = getattr(_LOCAL, "scale_in_base", None) is self
-        if not asked and (_passes_through(self) or not is_user_caller()):
+        # The optimizer whose minimize asked the first base call to scale (it may be this
+        # one's caller: an optimizer that hands compute_gradients to another).
+        asker = getattr(_LOCAL, "scale_in_base", None)
+        if asker is None and (_passes_through(self) or not is_user_caller()):
             return original(self, loss, *args, **kwargs)
         _LOCAL.scale_in_base = None  # the first base call scales, no nested one
         bound = signature.bind(self, loss, *args, **kwargs)
         given = dict(bound.arguments)
         del given["self"], given["loss"]
         with _inside_wrapper():
-            return _v1_wrapper(self).scaled_gradients(
+            return _v1_wrapper(asker if asker is not None else self).scaled_gradients(
                 functools.partial(original, self), loss, **given)
 
     compute_gradients.__wrapped__ = original  # type: ignore[attr-defined]
