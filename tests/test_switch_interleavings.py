@@ -27,11 +27,12 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 def _activation_keys() -> set[tuple[Any, str]]:
     v1_opt = tf.compat.v1.train.Optimizer
+    # tf.compat.v1, and tensorflow.compat.v1 once a test imported it (another module object)
+    compat_v1 = {id(m): m for m in (tf.compat.v1, sys.modules.get("tensorflow.compat.v1")) if m}
     return {
         (tf, "function"),
-        (tf.compat.v1, "Session"),
-        (tf.compat.v1, "InteractiveSession"),
-        (tf.compat.v1, "disable_eager_execution"),
+        *((module, name) for module in compat_v1.values()
+          for name in ("Session", "InteractiveSession", "disable_eager_execution")),
         (upstream_tf.session_manager, "session"),
         (tf.GradientTape, "gradient"),
         (v1_opt, "minimize"),
@@ -62,6 +63,7 @@ def _tf_keras_activation_keys() -> set[tuple[Any, str]]:
         keys
         | {(base, "apply_gradients") for base in upstream_tf_keras.optimizer_bases()}
         | {(wrapper, "get_scaled_loss") for wrapper in (current, legacy)}
+        | {(owner, "save_model") for owner in upstream_tf_keras.save_model_owners()}
     )
 
 

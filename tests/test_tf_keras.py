@@ -400,6 +400,7 @@ def _tf_keras_loss_scale_wrappers() -> tuple[type, type]:
 
 
 def test_env_activation_patches_tf_keras_and_restores_it_exactly() -> None:
+    from tf_amp._upstream.tf_keras import save_model_owners
     from tf_amp.runtime import activation
 
     owners = [
@@ -411,6 +412,8 @@ def test_env_activation_patches_tf_keras_and_restores_it_exactly() -> None:
         (tf_keras.optimizers.legacy.Optimizer, "apply_gradients"),
         # tf_keras's own wrappers (current and legacy optimizers) mark the loss they scale
         *((wrapper, "get_scaled_loss") for wrapper in _tf_keras_loss_scale_wrappers()),
+        # model.save stores the script's own optimizer
+        *((owner, "save_model") for owner in save_model_owners()),
     ]
     originals = [vars(owner)[name] for owner, name in owners]
     tf_amp.enable_mixed_precision_graph_rewrite(tf_keras.optimizers.SGD())  # "enable" holds too
