@@ -238,7 +238,8 @@ class RewriteConfig:
         if self.lists is not None and not isinstance(self.lists, OpLists):
             raise TypeError(f"lists must be an OpLists or None, got {type(self.lists).__name__}")
         object.__setattr__(self, "list_edits", _checked_edits(self.list_edits))
-        self.resolved_lists()  # an op added to two lists is an error now, not at the rewrite
+        if self.list_edits:
+            self.resolved_lists()  # an op added to two lists is an error now, not at the rewrite
 
     def _resolve_target(self) -> None:
         """Turns "auto" into the dtype chosen for ``default_device_type``, with its reason."""
