@@ -329,6 +329,14 @@ def _untyped_sum(gd: graph_pb2.GraphDef) -> None:
     del node(gd, "sum").attr["T"]  # Sum has T and Tidx: read on the several-attrs path
 
 
+def _list_where_matmul_type_belongs(gd: graph_pb2.GraphDef) -> None:
+    node(gd, "mm").attr["T"].list.type.append(types_pb2.DT_FLOAT)
+
+
+def _int_where_sum_type_belongs(gd: graph_pb2.GraphDef) -> None:
+    node(gd, "sum").attr["T"].i = 1
+
+
 @pytest.mark.parametrize(
     ("break_graph", "error", "message"),
     [
@@ -339,6 +347,11 @@ def _untyped_sum(gd: graph_pb2.GraphDef) -> None:
         # Was "no allow-list ops found, nothing to do": a missing dtype read as not float.
         (_untyped_matmul, GraphRewriteError, "'mm' \\(MatMul\\) has no 'T' attribute"),
         (_untyped_sum, GraphRewriteError, "'sum' \\(Sum\\) has no 'T' attribute"),
+        # Also "nothing to do": a value that is not a type read as not float32.
+        (_list_where_matmul_type_belongs, GraphRewriteError,
+         "'mm' \\(MatMul\\) has a list value in its 'T' attribute, where its op expects a type"),
+        (_int_where_sum_type_belongs, GraphRewriteError,
+         "'sum' \\(Sum\\) has an int value in its 'T' attribute"),
     ],
 )
 def test_malformed_graph_gives_a_clear_error(break_graph, error, message) -> None:  # noqa: ANN001

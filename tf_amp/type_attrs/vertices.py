@@ -103,6 +103,8 @@ def add_node_vertices(
         if value is None:
             value = _default_or_raise(view, i, info, single)
         dtype = value.type
+        if not dtype:  # DT_INVALID: no type there (a list, an int...), or an invalid one
+            _raise_if_not_a_type(view, i, single, value, "type")
         node_sig.append(_sig1(dtype))
         if dtype != DT_FLOAT:
             in_v.append(_no_vertices(len(ins)))
@@ -129,6 +131,28 @@ def _default_or_raise(view: BodyView, i: int, info: OpInfo, attr: str) -> Any:
     return value
 
 
+# AttrValue's oneof fields, in words
+_ATTR_KINDS = {"s": "a string", "i": "an int", "f": "a float", "b": "a bool", "func": "a function",
+               "list": "a list", "shape": "a shape", "tensor": "a tensor", "type": "a type",
+               "placeholder": "a placeholder"}
+
+
+def _raise_if_not_a_type(view: BodyView, i: int, attr: str, value: Any, kind: str) -> None:
+    """A type attribute that holds something else (a list where a type belongs, an int, a
+    string) or DT_INVALID: the node is malformed, and TensorFlow refuses to import it. Read as
+    "not float32", it was skipped and the graph called "nothing to do"."""
+    held = value.WhichOneof("value")
+    if held == "placeholder" or (held == kind and (kind == "list" or value.type)):
+        return  # a generic FunctionDef's attr reference, or an empty list(type): well formed
+    what = "DT_INVALID" if held == kind else (
+        f"{_ATTR_KINDS.get(held, held)} value" if held else "no value")
+    want = "type" if kind == "type" else "list of types"
+    raise GraphRewriteError(
+        f"Node {view.names[i]!r} ({view.ops[i]}) has {what} in its {attr!r} attribute, "
+        f"where its op expects a {want}"
+    )
+
+
 def _add_typed_vertices(
     view: BodyView,
     i: int,
@@ -145,6 +169,8 @@ def _add_typed_vertices(
     for name in info.type_attrs:
         value = attrs[name] if name in attrs else _default_or_raise(view, i, info, name)
         dtype = int(value.type)
+        if not dtype:
+            _raise_if_not_a_type(view, i, name, value, "type")
         sig.append(dtype)
         if dtype == DT_FLOAT:
             local[(name, -1)] = len(v_node)
@@ -154,6 +180,8 @@ def _add_typed_vertices(
     for name in info.list_type_attrs:
         value = attrs[name] if name in attrs else _default_or_raise(view, i, info, name)
         types = tuple(value.list.type)
+        if not types:
+            _raise_if_not_a_type(view, i, name, value, "list")
         sig.append(types)
         for k, dtype in enumerate(types):
             if dtype == DT_FLOAT:
