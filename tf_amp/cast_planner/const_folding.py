@@ -72,13 +72,21 @@ def saturated_half_copy(proto: Any, target: int) -> Any | None:
 
 def _overflows(tensor: Any, target: int) -> bool:
     """Whether a finite float32 value of ``tensor`` lies beyond ``target``'s largest finite."""
+    return _beyond_range(_float32_values(tensor), _half_numpy_dtype(target))
+
+
+def _float32_values(tensor: Any) -> np.ndarray:
+    """A float32 TensorProto's values, from either encoding TensorFlow writes
+    (``tensor_content`` bytes, or ``float_val`` for scalars and splats)."""
     if tensor.tensor_content:
-        values = np.frombuffer(tensor.tensor_content, dtype="<f4")
-    else:
-        values = np.asarray(tensor.float_val, dtype=np.float32)
-    largest = float(ml_dtypes.finfo(_half_numpy_dtype(target)).max)
-    finite = values[np.isfinite(values)]
-    return bool(finite.size) and bool((np.abs(finite) > largest).any())
+        return np.frombuffer(tensor.tensor_content, dtype="<f4")
+    return np.asarray(tensor.float_val, dtype=np.float32)
+
+
+def _beyond_range(values: np.ndarray, half: Any) -> bool:
+    """Whether a finite value of ``values`` lies beyond ``half``'s largest finite one."""
+    largest = float(ml_dtypes.finfo(half).max)
+    return bool((np.abs(values[np.isfinite(values)]) > largest).any())
 
 
 def _half_numpy_dtype(target: int) -> Any:
@@ -99,12 +107,11 @@ def _tensor_to_half(tensor: Any, target: int) -> bool:
     if tensor.dtype != DT_FLOAT:
         return False
     half = _half_numpy_dtype(target)
+    values = _saturating_cast(_float32_values(tensor), half)
     if tensor.tensor_content:
-        values = np.frombuffer(tensor.tensor_content, dtype="<f4")
-        tensor.tensor_content = _saturating_cast(values, half).view("<u2").tobytes()
+        tensor.tensor_content = values.view("<u2").tobytes()
     else:  # float_val (empty for a zero-filled Const: nothing to convert)
-        values = np.asarray(tensor.float_val, dtype=np.float32)
-        bits = _saturating_cast(values, half).view(np.uint16)
+        bits = values.view(np.uint16)
         del tensor.float_val[:]
         tensor.half_val.extend(int(b) for b in bits)
     tensor.dtype = target
@@ -121,9 +128,8 @@ def _saturating_cast(values: np.ndarray, half: Any) -> np.ndarray:
     and every step is skipped. -65504 keeps the mask's meaning: such a row comes out uniform,
     as in float32 and under Keras's mixed policy. Infinities and NaNs stay what they are.
     """
-    largest = float(ml_dtypes.finfo(half).max)
-    finite = np.isfinite(values)
-    if finite.all() and (np.abs(values) <= largest).all():
+    if not _beyond_range(values, half):
         return values.astype(half)
-    clipped = np.where(finite, np.clip(values, -largest, largest), values)
+    largest = float(ml_dtypes.finfo(half).max)
+    clipped = np.where(np.isfinite(values), np.clip(values, -largest, largest), values)
     return clipped.astype(half)

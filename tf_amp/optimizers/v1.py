@@ -221,15 +221,6 @@ class V1LossScaleOptimizer(_V1Optimizer):
         grad_loss: Any = None,
     ) -> list[tuple[Any, Any]]:
         """Gradients of ``loss * scale``, divided by the scale (one fused op for all)."""
-        if not self.enabled:
-            return self._inner.compute_gradients(
-                loss,
-                var_list=var_list,
-                gate_gradients=gate_gradients,
-                aggregation_method=aggregation_method,
-                colocate_gradients_with_ops=colocate_gradients_with_ops,
-                grad_loss=grad_loss,
-            )
         return self.scaled_gradients(
             self._inner.compute_gradients,
             loss,

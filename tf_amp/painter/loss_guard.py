@@ -54,6 +54,8 @@ def _tf_keras_loss_scopes(names: list[str]) -> list[str]:
     """The scopes (``"binary_crossentropy/"``) of the tf_keras losses computed in a body."""
     scopes = set()
     for name in names:
+        if not name.endswith("/weighted_loss/value"):  # a cheap test first: every node
+            continue
         match = _TF_KERAS_LOSS_VALUE.match(name)
         if match and _GRADIENT not in name:
             scopes.add(match.group(1))

@@ -91,7 +91,7 @@ def normalization_sum_nodes(view: BodyView) -> frozenset[int]:
     # The backward's dy * x (the gradient of inv) multiplies the loss-scaled dy by the same
     # uncentred x: a hundred times the std, it overflowed float16 where float32 and Keras's
     # policy stay finite (steps skipped, the scale halved).
-    for node in range(view.num_real):
+    for node in range(view.num_real) if centred_inputs else ():
         if view.ops[node] == "Mul" and node not in guarded:
             operands = inputs(node)
             if centred_inputs.intersection(operands) and not any(map(is_inverse_std, operands)):

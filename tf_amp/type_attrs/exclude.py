@@ -86,7 +86,7 @@ def mark_callees_of_excluded_calls(graph_def: Any, scopes: Collection[str] = ())
                 marked += 1
             pending.extend(called_functions(node, functions))
     for nodes in (graph_def.node, *(f.node_def for f in functions.values())):
-        for node in nodes:
+        for node in nodes if backward_calls else ():
             if (exclude_mark(node.attr) != EXCLUDE_USER
                     and backward_calls.intersection(called_functions(node, functions))):
                 node.attr[EXCLUDE_ATTR].b = True
