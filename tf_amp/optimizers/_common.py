@@ -9,9 +9,11 @@ modules knows which optimizer family it serves.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import sys
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 FLOOR_WARNING_SKIPS = 2
@@ -108,3 +110,30 @@ def _keras_loss_scale_optimizer_class() -> type | None:
     if keras_module is None:
         return None
     return getattr(keras_module.optimizers, "LossScaleOptimizer", None)
+
+
+@contextlib.contextmanager
+def holding_inner_optimizer(model: Any) -> Iterator[None]:
+    """While saving: ``model.optimizer`` is the inner optimizer of the ``saves_as_inner``
+    wrapper the environment put around the script's own, so the file names that optimizer,
+    as a float32 run's does, not tf_amp's wrapper (which a process without tf_amp cannot
+    load). Set with ``object.__setattr__``: no re-tracking. tf_keras's ``.keras`` files
+    store the compile config, which holds the optimizer too: it is swapped as well."""
+    optimizer = getattr(model, "optimizer", None)
+    if not getattr(optimizer, "saves_as_inner", False):
+        yield
+        return
+    inner = optimizer.inner_optimizer
+    compile_config = model.__dict__.get("_compile_config")
+    swap_config = compile_config is not None and getattr(
+        compile_config, "config", {}).get("optimizer") is optimizer
+    object.__setattr__(model, "optimizer", inner)
+    if swap_config:
+        swapped = type(compile_config)(**dict(compile_config.config, optimizer=inner))
+        object.__setattr__(model, "_compile_config", swapped)
+    try:
+        yield
+    finally:
+        object.__setattr__(model, "optimizer", optimizer)
+        if swap_config:
+            object.__setattr__(model, "_compile_config", compile_config)

@@ -76,14 +76,8 @@ def h5_save_patch(original: Any) -> Any:
     """
 
     def save_model_to_hdf5(model: Any, *args: Any, **kwargs: Any) -> Any:
-        optimizer = getattr(model, "optimizer", None)
-        if not getattr(optimizer, "saves_as_inner", False):
+        with _common.holding_inner_optimizer(model):
             return original(model, *args, **kwargs)
-        object.__setattr__(model, "optimizer", optimizer.inner_optimizer)  # no re-tracking
-        try:
-            return original(model, *args, **kwargs)
-        finally:
-            object.__setattr__(model, "optimizer", optimizer)
 
     save_model_to_hdf5.__wrapped__ = original  # type: ignore[attr-defined]
     return save_model_to_hdf5

@@ -92,21 +92,10 @@ def save_model_patch(original: Callable[..., Any]) -> Callable[..., Any]:
     """
 
     def save_model(model: Any, *args: Any, **kwargs: Any) -> Any:
-        optimizer = getattr(model, "optimizer", None)
-        if not getattr(optimizer, "saves_as_inner", False):
+        from tf_amp.optimizers import _common
+
+        with _common.holding_inner_optimizer(model):
             return original(model, *args, **kwargs)
-        inner = optimizer.inner_optimizer
-        compile_config = model.__dict__.get("_compile_config")  # what .keras files store
-        object.__setattr__(model, "optimizer", inner)  # no re-tracking
-        if compile_config is not None and compile_config.config.get("optimizer") is optimizer:
-            swapped = type(compile_config)(**dict(compile_config.config, optimizer=inner))
-            object.__setattr__(model, "_compile_config", swapped)
-        try:
-            return original(model, *args, **kwargs)
-        finally:
-            object.__setattr__(model, "optimizer", optimizer)
-            if compile_config is not None:
-                object.__setattr__(model, "_compile_config", compile_config)
 
     save_model.__wrapped__ = original  # type: ignore[attr-defined]
     return save_model
