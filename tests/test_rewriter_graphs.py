@@ -288,6 +288,20 @@ def test_every_decision_states_the_dtype_the_output_graph_has(fold: bool) -> Non
         assert "folded" in w.reason
 
 
+def test_v1_loop_listed_out_of_order_is_no_cycle(tf1_graph) -> None:  # noqa: ANN001
+    # Nodes listed consumers first take the full cycle check, which must not count the loop's
+    # own back edge (NextIteration -> Merge) as a cycle.
+    gd = tf1_graph.graph_def
+    shuffled = graph_pb2.GraphDef()
+    shuffled.CopyFrom(gd)
+    del shuffled.node[:]
+    shuffled.node.extend(reversed(gd.node))
+    config = RewriteConfig(preserve_nodes=frozenset(tf1_graph.fetches))
+    in_order = rewrite_graph_def(gd, config).report
+    reversed_order = rewrite_graph_def(shuffled, config).report
+    assert reversed_order.type_attrs_converted == in_order.type_attrs_converted > 0
+
+
 # ---------------------------------------------------------------------------- contracts
 def test_pure_idempotent_deterministic(tf1_graph) -> None:  # noqa: ANN001
     for gd in (build(mlp), tf1_graph.graph_def):
@@ -321,6 +335,10 @@ def _bad_port(gd: graph_pb2.GraphDef) -> None:
     node(gd, "relu").input[0] = "mm:3"
 
 
+def _cycle_through_mm(gd: graph_pb2.GraphDef) -> None:
+    node(gd, "mm").input[0] = "relu"  # relu reads mm: a cycle no NextIteration breaks
+
+
 def _untyped_matmul(gd: graph_pb2.GraphDef) -> None:
     del node(gd, "mm").attr["T"]  # one type attribute: read on the single-attr path
 
@@ -344,6 +362,9 @@ def _int_where_sum_type_belongs(gd: graph_pb2.GraphDef) -> None:
         (_dangling_input, ValueError, "'nowhere:0' that names no node"),
         (_missing_input, GraphRewriteError, "expects 2"),
         (_bad_port, GraphRewriteError, "only 1 output"),
+        # Was painted and returned: TensorFlow refuses it ("2 nodes in a cycle").
+        (_cycle_through_mm, GraphRewriteError,
+         "cycle that no NextIteration breaks: (mm -> relu -> mm|relu -> mm -> relu)"),
         # Was "no allow-list ops found, nothing to do": a missing dtype read as not float.
         (_untyped_matmul, GraphRewriteError, "'mm' \\(MatMul\\) has no 'T' attribute"),
         (_untyped_sum, GraphRewriteError, "'sum' \\(Sum\\) has no 'T' attribute"),
