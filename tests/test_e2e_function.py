@@ -8,6 +8,7 @@ float16 rounding (a few 1e-4 relative), not by zero and not by more.
 from __future__ import annotations
 
 import logging
+import os
 
 import keras
 import numpy as np
@@ -386,6 +387,28 @@ def test_calling_convention_matches_tf_function() -> None:
 
     assert update(tf.ones((4, 4))) is None
     np.testing.assert_allclose(w.numpy(), 2.0)  # the side effect ran on the real variable
+
+
+def _log_checked(y: tf.Tensor) -> tf.Tensor:
+    return tf.debugging.check_numerics(tf.math.log(y), "log went NaN")
+
+
+def test_a_runtime_error_quotes_the_users_lines_as_tf_function_does() -> None:
+    """The rebuilt graph's ops were imported, so they had no creation stack: every error said
+    "<stack traces unavailable>"."""
+
+    @tf_amp.function
+    def log_of_square(x: tf.Tensor) -> tf.Tensor:
+        return _log_checked(tf.matmul(x, x) - 10.0)
+
+    with pytest.raises(tf.errors.InvalidArgumentError, match="log went NaN") as caught:
+        log_of_square(tf.ones((2, 2)))
+    message = str(caught.value)
+    assert "stack traces unavailable" not in message
+    assert f'File "{__file__}"' in message
+    assert "in log_of_square" in message and "in _log_checked" in message
+    package = os.path.dirname(tf_amp.__file__)
+    assert package + os.sep not in message  # tf_amp's own frames are left out, as TF's are
 
 
 def test_arguments_the_body_never_reads_are_accepted() -> None:

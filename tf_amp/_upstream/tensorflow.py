@@ -37,6 +37,14 @@ Running rewritten graphs (``tf_amp.runtime``)
     eager runtime, which resolves function calls by name.
   * ``handle_data_util.copy_handle_data`` -- resource and variant placeholders carry the
     variable's dtype and shape as handle data; without it shape inference loses them.
+  * ``pywrap_tf_session.TF_OperationGetStackTrace`` / ``TF_SetOpStackTrace`` (see
+    :func:`copy_creation_stack`) -- give an imported op the Python stack of the traced op it
+    stands for, which runtime errors quote ("Detected at node ... defined at"); imported ops
+    have none, so every error said "<stack traces unavailable>". No public API sets an op's
+    stack.
+  * ``tf_stack.StackTraceFilter`` (see :func:`hiding_frames_of`) -- leaves tf_amp's own frames
+    out of the stacks recorded while it traces a user's function, as TensorFlow leaves out
+    its own: an error then quotes the user's lines only.
   * ``tf_optimizer.OptimizeGraph`` -- Grappler's function inliner, run alone before the rewrite
     (``tf.config.optimizer`` can only configure the passes of a running session).
   * ``session.Session`` / ``InteractiveSession`` -- the base classes of ``tf_amp.Session``: the
@@ -143,7 +151,7 @@ from tensorflow.python.ops import (
 from tensorflow.python.ops import variables as _variables
 from tensorflow.python.saved_model.pywrap_saved_model import fingerprinting
 from tensorflow.python.training import session_manager
-from tensorflow.python.util import _pywrap_util_port
+from tensorflow.python.util import _pywrap_util_port, tf_stack
 
 AUTOGRAPH_MODULE = "tensorflow.python.autograph"
 """Module prefix of AutoGraph, whose ``converted_call`` sits between a converted user function
@@ -235,6 +243,31 @@ def add_function_def(function_def: Any) -> None:
     context.context().add_function_def(function_def)
 
 
+class _FramesHidden(tf_stack.StackTraceFilter):
+    """Stacks recorded inside leave out the frames of ``files`` (and of outer filters')."""
+
+    def __init__(self, files: frozenset[str]) -> None:
+        super().__init__()
+        self._files = files
+
+    def get_filtered_filenames(self) -> frozenset[str]:
+        return self._files | self.parent.get_filtered_filenames()
+
+
+def hiding_frames_of(files: frozenset[str]) -> Any:
+    """A context in which the creation stacks of new ops leave out frames of ``files``."""
+    return _FramesHidden(files)
+
+
+def copy_creation_stack(op: Any, source: Any) -> None:
+    """Gives ``op`` the user's frames of the stack where ``source`` was created (both
+    ``tf.Operation``); what an error quotes. ``Operation.traceback`` itself cannot be set on
+    another op: its user frames are a new stack, which can."""
+    stack = pywrap_tf_session.TF_OperationGetStackTrace(source._c_op)  # noqa: SLF001
+    if stack is not None:
+        pywrap_tf_session.TF_SetOpStackTrace(op._c_op, stack.get_user_frames()[:])  # noqa: SLF001
+
+
 def all_saveable_objects() -> list[Any]:
     """What a ``tf.compat.v1.train.Saver`` without ``var_list`` saves."""
     return _variables._all_saveable_objects()  # noqa: SLF001
@@ -275,9 +308,11 @@ __all__ = [
     "canonicalize_function_inputs",
     "control_flow_util",
     "copy_handle_data",
+    "copy_creation_stack",
     "could_possibly_record",
     "dtypes",
     "fingerprinting",
+    "hiding_frames_of",
     "first_trace",
     "forget_eager_outer_context",
     "function_attributes",

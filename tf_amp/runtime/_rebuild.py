@@ -97,6 +97,7 @@ def rebuild_concrete_function(
             )
         input_map = {t.name: replaced[id(t)] for t in graph.inputs}
         imported = _import(graph_def, input_map, output_tensors, control_ops)
+    _carry_creation_stacks(graph, new_graph)
     tensor_map = dict(zip((t.name for t in output_tensors), imported[0], strict=False))
     tensor_map.update(input_map)
 
@@ -170,6 +171,26 @@ def _copy_handle_data(source: tf.Tensor, target: tf.Tensor) -> None:
     """Resource placeholders carry the variable's dtype/shape as handle data; keep it."""
     if source.dtype in (tf.resource, tf.variant):
         upstream_tf.copy_handle_data(source, target)
+
+
+def _carry_creation_stacks(traced: Any, rebuilt: Any) -> None:
+    """Each rebuilt op gets the Python stack of the traced op it stands for, so a runtime error
+    ("Detected at node ... defined at") points at the user's line, as with ``tf.function``.
+
+    An op keeps its name through the rewrite; one inlined from a function call is named
+    ``<call>/<node>`` and gets the call's stack; a Cast the rewrite added gets the stack of the
+    nearest traced name above its own. Ops inside a control-flow body (a library function)
+    still have none: the runtime takes a function's stacks only from a graph it converts.
+    """
+    traced_ops = {op.name: op for op in traced.get_operations()}
+    for op in rebuilt.get_operations():
+        name = op.name
+        source = traced_ops.get(name)
+        while source is None and "/" in name:
+            name = name.rsplit("/", 1)[0]
+            source = traced_ops.get(name)
+        if source is not None:
+            upstream_tf.copy_creation_stack(op, source)
 
 
 def _import(

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -62,9 +63,23 @@ def _float32_trace(traced: Any, *args: Any, **kwargs: Any) -> Any:
     one rewrite paints across the call."""
     _flags.tracing += 1
     try:
-        return upstream_tf.TfFunction.get_concrete_function(traced, *args, **kwargs)
+        with upstream_tf.hiding_frames_of(_package_files()):
+            return upstream_tf.TfFunction.get_concrete_function(traced, *args, **kwargs)
     finally:
         _flags.tracing -= 1
+
+
+@functools.cache
+def _package_files() -> frozenset[str]:
+    """tf_amp's own source files: a runtime error quotes where the user's code made the failing
+    op, and tf_amp's frames between the call and the trace say nothing to the user."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return frozenset(
+        os.path.join(folder, name)
+        for folder, _, names in os.walk(root)
+        for name in names
+        if name.endswith(".py")
+    )
 
 
 def _has_custom_gradient(graph: Any) -> bool:
