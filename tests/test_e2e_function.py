@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Any
 
 import keras
 import numpy as np
@@ -409,6 +410,35 @@ def test_a_runtime_error_quotes_the_users_lines_as_tf_function_does() -> None:
     assert "in log_of_square" in message and "in _log_checked" in message
     package = os.path.dirname(tf_amp.__file__)
     assert package + os.sep not in message  # tf_amp's own frames are left out, as TF's are
+
+
+class _CallableWithState:
+    """A user's callable whose attributes share names with the wrapper's own state."""
+
+    def __init__(self) -> None:
+        self._cache: dict[int, Any] = {}
+        self.reports: list[Any] = []
+        self._lock = False  # as a Keras Layer has
+        self.units = 8
+
+    def __call__(self, t: tf.Tensor) -> tf.Tensor:
+        return tf.matmul(t, tf.ones((self.units, self.units)))
+
+
+def test_wrapping_a_callable_object_keeps_both_states_apart() -> None:
+    """``update_wrapper`` merged the object's ``__dict__`` over the wrapper's: a Keras model
+    (``_lock = False``) failed every call, and a user's ``_cache`` held tf_amp's traces."""
+    model = _cnn()
+    x = _data(4)[0]
+    np.testing.assert_allclose(
+        tf_amp.function(model)(x).numpy(), tf.function(model)(x).numpy(), rtol=2e-2, atol=2e-2
+    )
+    obj = _CallableWithState()
+    wrapped = tf_amp.function(obj)
+    np.testing.assert_allclose(wrapped(tf.ones((2, 8))).numpy(), 8.0)
+    assert obj._cache == {} and obj.reports == [] and obj._lock is False  # noqa: SLF001
+    assert len(wrapped.reports) == 1
+    assert wrapped.units == 8  # the object's other attributes show through, as with tf.function
 
 
 def test_arguments_the_body_never_reads_are_accepted() -> None:

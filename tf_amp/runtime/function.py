@@ -176,7 +176,12 @@ class Function:
         self._float32_under_outer_tapes: dict[int, Any] = {}
         self.reports: list[Any] = []  # one RewriteReport per rewritten trace
         self._lock = threading.Lock()
-        functools.update_wrapper(self, python_function)
+        # Name, docstring and __wrapped__ as functools gives them; the wrapped object's own
+        # attributes only where this object has none of that name, as tf.function does: a
+        # Keras model's ``_lock = False`` or a user's ``_cache`` must not replace this state.
+        functools.update_wrapper(self, python_function, updated=())
+        for name, value in getattr(python_function, "__dict__", {}).items():
+            self.__dict__.setdefault(name, value)
 
     @property
     def python_function(self) -> Callable[..., Any]:
