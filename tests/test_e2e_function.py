@@ -455,6 +455,25 @@ def test_arguments_the_body_never_reads_are_accepted() -> None:
     assert amp.reports and amp.reports[-1].type_attrs_converted >= 1  # the matmul ran in half
 
 
+def test_a_control_dependency_on_an_argument_survives_the_rebuild() -> None:
+    """The argument placeholders are replaced at import; a ``^dep`` control input pointed at
+    the removed one ("Unknown input node '^dep'")."""
+    w = tf.Variable(tf.ones((8, 8)))
+    counter = tf.Variable(0.0)
+
+    def body(t: tf.Tensor, dep: tf.Tensor, only_ordered: tf.Tensor) -> tf.Tensor:
+        with tf.control_dependencies([dep, only_ordered]):
+            y = tf.matmul(t, w)
+        with tf.control_dependencies([only_ordered.op]):
+            counter.assign_add(1.0)
+        return y + dep
+
+    x, one = tf.ones((4, 8)), tf.constant(1.0)
+    got = tf_amp.function(body)(x, one, one)
+    np.testing.assert_allclose(got.numpy(), tf.function(body)(x, one, one).numpy(), rtol=1e-3)
+    assert counter.numpy() == 2.0
+
+
 def test_gradients_flow_through_a_rewritten_function() -> None:
     w = tf.Variable(tf.ones((4, 4)))
     forward = tf_amp.function(lambda t: tf.matmul(t, w))

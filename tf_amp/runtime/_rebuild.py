@@ -205,15 +205,23 @@ def _import(
     control_names = [op.name for op in control_ops]
     # The importer rejects input_map keys no node reads: an argument the body never uses
     # (a flag, a mask, a step counter) has no reader once its placeholder is stripped.
-    read = {
-        text if ":" in text else text + ":0"
-        for node in graph_def.node
-        for text in node.input
-        if not text.startswith("^")
-    }
+    # A control input on an argument (``^name``) needs a key of its own, or it names a node
+    # that is gone.
+    read: set[str] = set()
+    for node in graph_def.node:
+        for text in node.input:
+            if text.startswith("^"):
+                read.add(text)
+            else:
+                read.add(text if ":" in text else text + ":0")
+    argument_map = {name: tensor for name, tensor in input_map.items() if name in read}
+    for name, tensor in input_map.items():
+        control = "^" + name.rsplit(":", 1)[0]
+        if name.endswith(":0") and control in read:
+            argument_map[control] = tensor
     elements = tf.graph_util.import_graph_def(
         graph_def,
-        input_map={name: tensor for name, tensor in input_map.items() if name in read},
+        input_map=argument_map,
         return_elements=fetch_names + control_names,
         name="",
     )
