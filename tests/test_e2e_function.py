@@ -531,6 +531,31 @@ def test_a_custom_gradient_under_an_outer_tape_runs_float32(caplog) -> None:
     assert "MatMul" in half_ops_of_functions(step.concrete_functions())
 
 
+def test_a_loop_calling_a_function_under_an_outer_tape_runs_float32(caplog) -> None:
+    """Differentiated by a tape outside it, a rebuilt while loop whose body calls a function
+    failed: the loop's gradient differentiates the call symbolically, which needs the
+    variable's handle data the rebuilt body lost. Such calls run float32 and say why."""
+    w = tf.Variable(np.linspace(-0.3, 0.3, 64, dtype=np.float32).reshape(8, 8))
+    x = tf.constant(np.linspace(-1, 1, 32, dtype=np.float32).reshape(4, 8))
+    step = tf.function(lambda t: tf.tanh(tf.matmul(t, w)))
+
+    def unrolled(t: tf.Tensor) -> tf.Tensor:
+        _, out = tf.while_loop(lambda i, a: i < 3, lambda i, a: (i + 1, step(a)), (0, t))
+        return tf.reduce_sum(out)
+
+    gradients, forwards = [], []
+    for decorate in (tf.function, tf_amp.function):
+        forward = decorate(unrolled)
+        forwards.append(forward(x).numpy())  # no tape: runs rewritten
+        with tf.GradientTape() as tape, caplog.at_level(logging.WARNING, "tf_amp"):
+            loss = forward(x)
+        gradients.append(tape.gradient(loss, w).numpy())
+    np.testing.assert_array_equal(gradients[1], gradients[0])
+    assert "a while loop whose body calls a function" in caplog.text
+    np.testing.assert_allclose(forwards[1], forwards[0], rtol=2e-2)
+    assert forwards[1] != forwards[0]  # the untaped call ran the half graph
+
+
 def test_the_op_that_marks_a_saved_custom_gradient_stays_float32(tmp_path) -> None:
     """A SavedModel holds its custom gradients' functions. ``tf.custom_gradient``'s IdentityN
     (clear list) was painted half between half ops, so the model rewritten by ``tf-amp

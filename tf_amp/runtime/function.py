@@ -82,25 +82,61 @@ def _package_files() -> frozenset[str]:
     )
 
 
-def _has_custom_gradient(graph: Any) -> bool:
-    """True when ``graph`` (its functions included) holds a ``tf.custom_gradient``: the
-    ``IdentityN`` that carries the gradient's registry key."""
+_LOOP_OPS = frozenset({"While", "StatelessWhile"})
+_CALL_OPS = frozenset({"PartitionedCall", "StatefulPartitionedCall"})
+
+
+def _why_outer_tapes_need_float32(graph: Any) -> str | None:
+    """Why a tape recording outside the rebuilt function cannot differentiate it, or None.
+
+    - a ``tf.custom_gradient`` (the ``IdentityN`` carrying its registry key): TensorFlow would
+      run the gradient function against the rebuilt graph, where the forward tensors it
+      closes over do not exist;
+    - a while loop whose body calls a function: the loop's gradient differentiates that call
+      symbolically, which needs the resource handle data the rebuilt body's renamed functions
+      lost ("Tried to take gradients ... of a variable without handle data").
+    """
     graph_def = graph.as_graph_def()
-    nodes = [*graph_def.node, *(n for f in graph_def.library.function for n in f.node_def)]
-    return any(n.op == "IdentityN" and "_gradient_op_type" in n.attr for n in nodes)
+    library = {f.signature.name: f for f in graph_def.library.function}
+    nodes = [*graph_def.node, *(n for f in library.values() for n in f.node_def)]
+    if any(n.op == "IdentityN" and "_gradient_op_type" in n.attr for n in nodes):
+        return "a tf.custom_gradient"
+    bodies = {
+        n.attr["body"].func.name for n in nodes if n.op in _LOOP_OPS and "body" in n.attr
+    }
+    if any(_calls_a_function(library, body) for body in bodies):
+        return "a while loop whose body calls a function"
+    return None
 
 
-def _say_custom_gradient_runs_float32() -> None:
+def _calls_a_function(library: dict[str, Any], name: str) -> bool:
+    """Whether library function ``name`` holds a call of another function (a call op, or a node
+    whose op is a library function), not counting control-flow bodies, which are walked."""
+    seen: set[str] = set()
+    todo = [name]
+    while todo:
+        fdef = library.get(todo.pop())
+        if fdef is None or fdef.signature.name in seen:
+            continue
+        seen.add(fdef.signature.name)
+        for node in fdef.node_def:
+            if node.op in _CALL_OPS or node.op in library:
+                return True
+            todo.extend(v.func.name for v in node.attr.values() if v.func.name)
+    return False
+
+
+def _say_outer_tape_runs_float32(reason: str) -> None:
     from tf_amp._say_once import say_once
 
     say_once(
-        "custom gradient under an outer tape",
+        ("outer tape runs float32", reason),
         logging.WARNING,
-        "a rewritten function holding a tf.custom_gradient was called under a GradientTape "
-        "that records outside it: TensorFlow would run the custom gradient function against "
-        "the rewritten graph, where the tensors it closes over do not exist, so such calls run "
-        "the float32 function. Computing the gradient inside the function (the tape inside, as "
-        "a training step does) runs it rewritten.",
+        "a rewritten function holding %s was called under a GradientTape that records "
+        "outside it, which TensorFlow cannot differentiate once the function is rebuilt: such "
+        "calls run the float32 function. Computing the gradient inside the function (the tape "
+        "inside, as a training step does) runs it rewritten.",
+        reason,
     )
 
 
@@ -171,9 +207,9 @@ class Function:
             python_function, jit_compile=jit_compile, **tf_function_kwargs
         )
         self._cache: dict[int, tuple[Any, Any]] = {}
-        # id(rebuilt) -> its float32 original, for traces with a tf.custom_gradient: called
-        # under a tape that records outside them, those run float32 (see __call__).
-        self._float32_under_outer_tapes: dict[int, Any] = {}
+        # id(rebuilt) -> (its float32 original, why), for traces a tape recording outside them
+        # cannot differentiate once rebuilt: under such a tape they run float32 (__call__).
+        self._float32_under_outer_tapes: dict[int, tuple[Any, str]] = {}
         self.reports: list[Any] = []  # one RewriteReport per rewritten trace
         self._lock = threading.Lock()
         # Name, docstring and __wrapped__ as functools gives them; the wrapped object's own
@@ -222,8 +258,9 @@ class Function:
                     add_shapes=config is not None and config.probe,
                     exclude_scopes=config.exclude_scopes if config is not None else (),
                 )
-                if _has_custom_gradient(original.graph):
-                    self._float32_under_outer_tapes[id(rebuilt)] = original
+                reason = _why_outer_tapes_need_float32(original.graph)
+                if reason is not None:
+                    self._float32_under_outer_tapes[id(rebuilt)] = (original, reason)
             self._cache[key] = (original, rebuilt)
             return rebuilt
 
@@ -265,8 +302,8 @@ class Function:
             return first(*args, **kwargs)
         float32 = self._float32_under_outer_tapes.get(id(rebuilt))
         if float32 is not None and upstream_tf.could_possibly_record():
-            _say_custom_gradient_runs_float32()
-            rebuilt = float32
+            rebuilt, reason = float32
+            _say_outer_tape_runs_float32(reason)
         flat = rebuilt.function_type.unpack_inputs(rebuilt.function_type.bind(*args, **kwargs))
         return rebuilt._call_flat(flat, captured_inputs=rebuilt.captured_inputs)
 
