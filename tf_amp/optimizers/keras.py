@@ -226,6 +226,15 @@ class KerasLossScaleOptimizer(
         ]
         unscaled, finite = unscale_and_check_finite(raw, tf.constant(1.0) if already else scale)
         unscaled = [u if r is not None else g for u, r, g in zip(unscaled, raw, grads, strict=True)]
+        # ... but a non-finite one still skips the step, as Keras's own wrapper does: written
+        # into a float8 amax history, an inf would poison every later step.
+        overwritten = [
+            tf.reduce_all(tf.math.is_finite(tf.convert_to_tensor(g)))
+            for g, r in zip(grads, raw, strict=True)
+            if g is not None and r is None
+        ]
+        if overwritten:
+            finite = tf.logical_and(finite, tf.reduce_all(tf.stack(overwritten)))
         finite = _apply_or_skip.all_replicas_finite(finite)
 
         done = _apply_or_skip.apply_if_finite(
