@@ -936,8 +936,18 @@ def test_accepts_the_argument_names_of_the_tf2_and_keras_wrappers():
     assert static_default.loss_scale_policy == StaticLossScale(2.0**15)
 
 
-def test_saved_file_loads_in_a_fresh_process(tmp_path):
-    """load_model finds the wrapper class once tf_amp.optimizers is imported (registration)."""
+@pytest.mark.parametrize(
+    "imports",
+    [
+        "import keras, tf_amp.optimizers",
+        # Registered only when Keras was imported before tf_amp.optimizers, which `import
+        # tf_amp` does not import: "Could not locate class 'KerasLossScaleOptimizer'".
+        "import tf_amp, keras",
+        "import tf_amp, tensorflow as tf; keras = tf.keras",
+    ],
+)
+def test_saved_file_loads_in_a_fresh_process(tmp_path, imports):
+    """load_model finds the wrapper class wherever tf_amp is imported, before or after Keras."""
     import subprocess
     import sys
 
@@ -948,7 +958,7 @@ def test_saved_file_loads_in_a_fresh_process(tmp_path):
     model.save(path)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     code = (
-        "import keras, tf_amp.optimizers\n"
+        f"{imports}\n"
         f"m = keras.models.load_model({path!r})\n"
         "print(type(m.optimizer).__name__, float(m.optimizer.loss_scale))\n"
     )

@@ -107,6 +107,44 @@ def _check_releases_if_loaded() -> None:
 _check_releases_if_loaded()
 
 
+def _fully_imported(name: str, last_name: str) -> bool:
+    """Whether module ``name`` has finished its import: its ``__init__`` defines ``last_name``
+    near its end (Keras: ``__version__``; TensorFlow: ``__all__``, its very last line)."""
+    return hasattr(sys.modules.get(name), last_name)
+
+
+def _keras_and_tensorflow_imported() -> bool:
+    return _fully_imported("keras", "__version__") and _fully_imported("tensorflow", "__all__")
+
+
+def _register_keras_wrapper() -> None:
+    """Registers the Keras wrapper with Keras's serialization (its module's decorator), so
+    ``keras.models.load_model`` finds it in a file saved with it."""
+    importlib.import_module("tf_amp.optimizers.keras")
+
+
+def _register_keras_wrapper_once_imported() -> None:
+    """Registers the wrapper now if Keras and TensorFlow are imported, else right after both
+    are, whatever the order of the script's imports. Each imports the other, so neither one
+    finishing is enough: the second to finish registers it (a half-made module has not yet
+    got the names the wrapper's module reads)."""
+    if _keras_and_tensorflow_imported():
+        _register_keras_wrapper()
+        return
+    from tf_amp.runtime._post_import import PostImportHook
+
+    def after_import(_module: Any) -> None:
+        if hook in sys.meta_path and _keras_and_tensorflow_imported():
+            hook.remove()
+            _register_keras_wrapper()
+
+    hook = PostImportHook({"keras": after_import, "tensorflow": after_import})
+    hook.install()
+
+
+_register_keras_wrapper_once_imported()
+
+
 def __getattr__(name: str) -> Any:
     module_name = _LAZY_EXPORTS.get(name)
     if module_name is None:

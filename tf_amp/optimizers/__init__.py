@@ -8,7 +8,6 @@ optimizer); ``tf.compat.v1.train.Optimizer`` instances get
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 from tf_amp.optimizers import _common
@@ -108,8 +107,8 @@ class LossScaleOptimizer(metaclass=_LossScaleOptimizerType):
 def custom_objects() -> dict[str, Any]:
     """``custom_objects`` for ``keras.models.load_model`` of a file saved with the wrapper.
 
-    Not needed once ``tf_amp.optimizers`` is imported (that registers the class with Keras);
-    useful where the loading code imports nothing from tf_amp.
+    Not needed where ``tf_amp`` is imported, before or after Keras (that registers the class
+    with Keras); useful where the loading code imports nothing from tf_amp.
     """
     from tf_amp.optimizers.keras import KerasLossScaleOptimizer
 
@@ -122,14 +121,6 @@ def __getattr__(name: str) -> Any:
 
         return LossScaleCallback
     raise AttributeError(f"module 'tf_amp.optimizers' has no attribute {name!r}")
-
-
-# Register the Keras wrapper with Keras's serialization as soon as this package is imported
-# (``tf_amp.LossScaleOptimizer`` imports it), so load_model finds the class. Only when Keras
-# is already loaded: importing TensorFlow loads it here anyway, and a TF1-only process that
-# never imported Keras should not pay for it.
-if "keras" in sys.modules:
-    from tf_amp.optimizers import keras as _keras_registration  # noqa: F401
 
 
 __all__ = [
