@@ -13,7 +13,6 @@ excluded region are excluded with it.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Collection, Mapping, Sequence
 
 from tf_amp.config import RewriteConfig
@@ -32,7 +31,7 @@ from tf_amp.type_attrs import (
     device_type,
     exclude_mark,
 )
-from tf_amp.type_attrs.exclude import called_functions
+from tf_amp.type_attrs.exclude import called_functions, gradient_functions, is_gradient_of
 
 # Ops that must keep their dtype whatever the lists say: feeds, constants (their tensor bytes
 # are float32), variables (master weights), checkpoints and cross-device transfers.
@@ -86,7 +85,6 @@ DTYPE_BOUND_OPS: frozenset[str] = frozenset(
 )
 
 # Name prefixes of gradient ops: TF2 tapes and TF1 tf.gradients (gradients, gradients_1, ...).
-_GRADIENT_PREFIX = re.compile(r"(?:gradient_tape|gradients(?:_\d+)?)/")
 
 
 def list_categories(view: BodyView, lists: OpLists) -> bytearray:
@@ -228,18 +226,9 @@ def _exclude_backward_of_excluded(
     if not excluded:
         return
     for n in range(view.num_real):
-        if not node_eligible[n]:
-            continue
-        match = _GRADIENT_PREFIX.match(view.names[n])
-        if match is None:
-            continue
-        parts = [p[:-5] if p.endswith("_grad") else p
-                 for p in view.names[n][match.end():].split("/")]
-        for depth in range(1, len(parts) + 1):
-            if "/".join(parts[:depth]) in excluded:
-                node_eligible[n] = 0
-                node_block[n] = Block.EXCLUDED
-                break
+        if node_eligible[n] and is_gradient_of(view.names[n], excluded):
+            node_eligible[n] = 0
+            node_block[n] = Block.EXCLUDED
 
 
 def functions_called_from_excluded_nodes(
@@ -280,24 +269,16 @@ def functions_called_from_excluded_nodes(
                 callers.append((n, set(called_functions(view.protos[n], bodies))))
         calls[body] = set().union(*(callees for _, callees in callers))
         for n, callees in callers:
-            if view.names[n] in excluded_names or _is_gradient_of(view.names[n], excluded_names):
+            if view.names[n] in excluded_names or is_gradient_of(view.names[n], excluded_names):
                 pending.extend(callees)
+    gradients = gradient_functions(bodies)
     excluded: set[str] = set()
     while pending:
         function = pending.pop()
         if function not in excluded:
             excluded.add(function)
             pending.extend(calls.get(function, ()))
+            pending.extend(gradients.get(function, ()))
             if function in backward_of:
                 pending.append(backward_of[function])
     return frozenset(excluded)
-
-
-def _is_gradient_of(name: str, excluded: set[str]) -> bool:
-    """True for a gradient op named after a forward op under an excluded node (the naming
-    rule of :func:`_exclude_backward_of_excluded`)."""
-    match = _GRADIENT_PREFIX.match(name)
-    if match is None or not excluded:
-        return False
-    parts = [p[:-5] if p.endswith("_grad") else p for p in name[match.end():].split("/")]
-    return any("/".join(parts[:depth]) in excluded for depth in range(1, len(parts) + 1))

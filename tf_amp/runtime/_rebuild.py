@@ -21,7 +21,11 @@ from tensorflow.core.framework import graph_pb2
 from tf_amp import ops as native_ops
 from tf_amp._upstream import tensorflow as upstream_tf
 from tf_amp.runtime import _graphdef
-from tf_amp.type_attrs.exclude import mark_callees_of_excluded_calls
+from tf_amp.type_attrs.exclude import (
+    excluded_node_names,
+    mark_callees_of_excluded_calls,
+    mark_nodes_made_from,
+)
 
 _LOG = logging.getLogger("tf_amp")
 _XLA_MUST_COMPILE = "_XlaMustCompile"
@@ -63,7 +67,9 @@ def rebuild_concrete_function(
     )
     # Before inlining drops the call's mark (and its scope: the inlined backward is not in it).
     mark_callees_of_excluded_calls(graph_def, exclude_scopes)
+    excluded = excluded_node_names(graph_def, exclude_scopes)
     graph_def = _graphdef.inline_library(graph_def, keep)
+    mark_nodes_made_from(graph_def, excluded)  # what inlining and lowering made of them
     with _graphdef.naming_graph(graph.name):
         graph_def = rewrite(graph_def, frozenset(fetched))
     graph_def = _graphdef.strip_nodes(graph_def, placeholder_names)

@@ -7,6 +7,7 @@ while the vertex view is built, so the painter needs no second sweep over the at
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection
 from typing import Any
 
@@ -18,6 +19,11 @@ _FORWARD_FUNCTION = "forward_function_name"  # a tape's backward function's attr
 # later rewrite may paint but which excludes nothing else. One attr, so telling them apart
 # costs no second lookup per node.
 FLOAT32_VIEW = b"float32-view"
+# A gradient op's name: a tape's "gradient_tape/<forward op>/..." or tf.gradients'
+# "gradients[_N]/<forward op>_grad/..."
+_GRADIENT_PREFIX = re.compile(r"(?:gradient_tape|gradients(?:_\d+)?)/")
+# while_v2 / cond_v2 name the gradient of a body or branch function "<forward>_grad_<uid>"
+_GRADIENT_FUNCTION = re.compile(r"^(.+)_grad_\d+$")
 # ``BodyView.exclude_attr`` values
 EXCLUDE_NOT_READ, EXCLUDE_NONE, EXCLUDE_USER, EXCLUDE_VIEW = 0, 1, 2, 3
 
@@ -69,6 +75,7 @@ def mark_callees_of_excluded_calls(graph_def: Any, scopes: Collection[str] = ())
         for name, f in functions.items()
         if _FORWARD_FUNCTION in f.attr
     }
+    gradients = gradient_functions(functions)
     done: set[str] = set()
     backward_calls: set[str] = set()
     marked = 0
@@ -80,6 +87,7 @@ def mark_callees_of_excluded_calls(graph_def: Any, scopes: Collection[str] = ())
         if name in backward_of:
             pending.append(backward_of[name])
             backward_calls.add(backward_of[name])
+        pending.extend(gradients.get(name, ()))
         for node in functions[name].node_def:
             if exclude_mark(node.attr) != EXCLUDE_USER:
                 node.attr[EXCLUDE_ATTR].b = True
@@ -92,6 +100,72 @@ def mark_callees_of_excluded_calls(graph_def: Any, scopes: Collection[str] = ())
                 node.attr[EXCLUDE_ATTR].b = True
                 marked += 1
     return marked
+
+
+def is_gradient_of(name: str, excluded: Collection[str]) -> bool:
+    """True for a gradient op named after a forward op at or under a name in ``excluded``:
+    gradient ops carry neither the forward op's scope nor its attr, only its name."""
+    match = _GRADIENT_PREFIX.match(name)
+    if match is None or not excluded:
+        return False
+    parts = [p[:-5] if p.endswith("_grad") else p for p in name[match.end():].split("/")]
+    return any("/".join(parts[:depth]) in excluded for depth in range(1, len(parts) + 1))
+
+
+def excluded_node_names(graph_def: Any, scopes: Collection[str] = ()) -> frozenset[str]:
+    """The main graph's nodes a user kept float32 (``b=True``, or under an excluded scope)."""
+    scopes = tuple(s.rstrip("/") for s in scopes if s.strip("/"))
+    prefixes = tuple(s + "/" for s in scopes)
+    return frozenset(
+        node.name
+        for node in graph_def.node
+        if exclude_mark(node.attr) == EXCLUDE_USER
+        or (prefixes and (node.name in scopes or node.name.startswith(prefixes)))
+    )
+
+
+def mark_nodes_made_from(graph_def: Any, excluded: frozenset[str]) -> int:
+    """After inlining: marks excluded (``b=True``) each main-graph node made from an excluded
+    node or from its gradient; returns how many it marked. Changes ``graph_def`` in place.
+
+    Why: Grappler's inliner also lowers ``While`` / ``If`` to ``Enter`` / ``Merge`` /
+    ``Switch``... nodes, new nodes that carry no attr; they are named under the node they
+    replace (``<while>/enter/_3``; ``Func/<call>/input/_7`` for an inlined call's inputs). A
+    lowered loop of an excluded region, or the lowered gradient loop of one, was painted half.
+    """
+    if not excluded:
+        return 0
+
+    def made_from_excluded(name: str) -> bool:
+        name = name.removeprefix("Func/")
+        parts = name.split("/")
+        return any("/".join(parts[:depth]) in excluded for depth in range(1, len(parts)))
+
+    marked = 0
+    for node in graph_def.node:
+        if exclude_mark(node.attr) == EXCLUDE_USER:
+            continue
+        name = node.name
+        if made_from_excluded(name) or is_gradient_of(name.removeprefix("Func/"), excluded):
+            node.attr[EXCLUDE_ATTR].b = True
+            marked += 1
+    return marked
+
+
+def gradient_functions(functions: Collection[str]) -> dict[str, list[str]]:
+    """{forward function: the gradient functions while_v2 / cond_v2 made of it}, by their
+    naming rule ("<forward>_grad_<uid>").
+
+    Why: the gradient of an excluded loop or branch is a ``While`` / ``If`` of its own, built
+    in the gradient graph (often inside another loop's gradient body) under a name no
+    exclusion covers; its functions are found by the forward function's name instead.
+    """
+    found: dict[str, list[str]] = {}
+    for name in functions:
+        match = _GRADIENT_FUNCTION.match(name)
+        if match is not None and match.group(1) in functions:
+            found.setdefault(match.group(1), []).append(name)
+    return found
 
 
 def called_functions(node: Any, functions: Collection[str]) -> list[str]:
