@@ -14,6 +14,7 @@ import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 from tensorflow.python.framework import convert_to_constants
 
+import tf_amp
 from tests import _model_graphs
 from tf_amp.config import RewriteConfig
 from tf_amp.rewriter import rewrite_graph_def
@@ -101,7 +102,7 @@ def test_training_step_graphs_import(name: str) -> None:
 
 
 @pytest.mark.parametrize("target", ["float16", "bfloat16"])
-def test_a_constant_beyond_the_targets_range_is_folded_to_its_largest_finite(target) -> None:
+def test_a_constant_beyond_the_targets_range_is_folded_to_a_finite_sentinel(target) -> None:
     # -1e9 (Keras's attention mask) became -inf in float16; infinities and NaNs stay.
     graph = tf.Graph()
     with graph.as_default():
@@ -113,7 +114,7 @@ def test_a_constant_beyond_the_targets_range_is_folded_to_its_largest_finite(tar
         target_dtype=target, preserve_nodes=frozenset({"x", "out"})))
     (node,) = [n for n in result.graph_def.node if n.name == "big"]
     value = tf.make_ndarray(node.attr["value"].tensor).astype(np.float32)
-    largest = {"float16": 65504.0, "bfloat16": 1e9}[target]  # 1e9 fits in bfloat16
+    largest = {"float16": 32752.0, "bfloat16": 1e9}[target]  # half of 65504; 1e9 fits bfloat16
     if node.attr["dtype"].type == tf.as_dtype(target).as_datatype_enum:
         np.testing.assert_allclose(value[:2], [-largest, largest], rtol=1e-2)
         assert value[2] == -np.inf and value[3] == 3.0
@@ -144,6 +145,26 @@ def test_a_constant_float32_ops_also_read_reaches_half_ops_clipped_not_infinite(
         out, reader = sess.run(["out:0", "float32_reader:0"], {"x:0": np.ones((2, 4))})
     np.testing.assert_allclose(out, np.full((2, 4), 0.25), rtol=1e-2)
     np.testing.assert_allclose(reader, -4.0, rtol=1e-6)
+
+
+def test_a_folded_additive_mask_leaves_room_for_the_logits_it_is_added_to() -> None:
+    # Clipped to -65504, -1e9 plus a logit below -16 summed to float16 -inf, and a fully
+    # masked row of negative logits was NaN where float32 gives a uniform row.
+    mask = np.zeros((4, 4), np.float32)
+    mask[0, :], mask[1:, 3] = -1e9, -1e9  # row 0 fully masked
+    q = np.ones((4, 8), np.float32)
+    q[0] = -1.0  # row 0's logits: -24
+    k = np.full((8, 4), 3.0, np.float32)
+
+    def attention(q: tf.Tensor, k: tf.Tensor) -> tf.Tensor:
+        return tf.nn.softmax(tf.matmul(q, k) + tf.constant(mask))
+
+    want = tf.function(attention)(q, k).numpy()
+    amp = tf_amp.function(attention, config=RewriteConfig(target_dtype="float16"))
+    got = amp(q, k).numpy()
+    assert amp.reports[-1].consts_folded >= 1  # the mask was folded, not cast
+    np.testing.assert_allclose(got, want, atol=1e-3)
+    np.testing.assert_allclose(got[0], 0.25)
 
 
 def _imported(graph_def: graph_pb2.GraphDef) -> tf.Graph:

@@ -119,17 +119,20 @@ def _tensor_to_half(tensor: Any, target: int) -> bool:
 
 
 def _saturating_cast(values: np.ndarray, half: Any) -> np.ndarray:
-    """``values`` in ``half``, finite values beyond its range clipped to its largest finite
-    number instead of rounded to infinity.
+    """``values`` in ``half``, finite values beyond its range clipped to half its largest
+    finite number (float16: ±32752) instead of rounded to infinity.
 
-    Why: such constants are "very large" sentinels, above all Keras's attention mask, which
-    adds or selects -1e9 (a float32 graph's value: Keras picks -3e4 only when it builds the
-    layer in float16). As float16 -inf, a fully masked row's softmax is exp(-inf - -inf): NaN,
-    and every step is skipped. -65504 keeps the mask's meaning: such a row comes out uniform,
-    as in float32 and under Keras's mixed policy. Infinities and NaNs stay what they are.
+    Why: such constants are "very large" sentinels, above all an attention mask, which adds
+    or selects -1e9 (a float32 graph's value: Keras picks -3e4 only when it builds the layer
+    in float16). As float16 -inf, a fully masked row's softmax is exp(-inf - -inf): NaN, and
+    every step is skipped. Half the largest value keeps the mask's meaning with room for the
+    logits it is added to: at -65504, any logit below -16 still summed to -inf. Such a row
+    comes out uniform, as in float32 and under Keras's mixed policy. Infinities and NaNs stay
+    what they are; values within range are not touched.
     """
     if not _beyond_range(values, half):
         return values.astype(half)
-    largest = float(ml_dtypes.finfo(half).max)
-    clipped = np.where(np.isfinite(values), np.clip(values, -largest, largest), values)
+    sentinel = float(ml_dtypes.finfo(half).max) / 2
+    beyond = np.isfinite(values) & (np.abs(values) > float(ml_dtypes.finfo(half).max))
+    clipped = np.where(beyond, np.copysign(sentinel, values), values)
     return clipped.astype(half)
