@@ -127,7 +127,7 @@ def _register_keras_wrapper_once_imported() -> None:
     """Registers the wrapper now if Keras and TensorFlow are imported, else right after both
     are, whatever the order of the script's imports. Each imports the other, so neither one
     finishing is enough: the second to finish registers it (a half-made module has not yet
-    got the names the wrapper's module reads)."""
+    got the names the wrapper's module reads), once no tf_amp module is half-made either."""
     if _keras_and_tensorflow_imported():
         _register_keras_wrapper()
         return
@@ -138,7 +138,11 @@ def _register_keras_wrapper_once_imported() -> None:
             hook.remove()
             _register_keras_wrapper()
 
-    hook = PostImportHook({"keras": after_import, "tensorflow": after_import})
+    # Deferred while a tf_amp module is importing: ``import tf_amp.ops`` imports TensorFlow
+    # half-way through, and the wrapper's module imports names of tf_amp.ops.
+    hook = PostImportHook(
+        {"keras": after_import, "tensorflow": after_import}, defer_inside="tf_amp."
+    )
     hook.install()
 
 
