@@ -52,7 +52,7 @@ def _lookup_functions(vocab: int, d_model: int, target: str) -> dict[str, object
 
 def _what_ran(function: object) -> str:
     """Which tensor the rewritten graph casts to the target: the table or the gathered rows."""
-    (concrete,) = function.concrete_functions()  # type: ignore[attr-defined]
+    (concrete,) = function.rewritten_concrete_functions()  # type: ignore[attr-defined]
     nodes = {n.name: n for n in concrete.graph.as_graph_def().node}
     casts = [n for n in nodes.values() if n.op == "Cast" and n.name.endswith("-tf_amp")]
     what = []

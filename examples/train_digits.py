@@ -233,7 +233,7 @@ def count_half_ops(step: Any) -> int:
 
     reduced = (types_pb2.DT_HALF, types_pb2.DT_BFLOAT16)
     total = 0
-    for concrete in step.concrete_functions():
+    for concrete in step.rewritten_concrete_functions():
         for node in concrete.graph.as_graph_def().node:
             if node.op != "Cast" and any(
                 attr.type in reduced for key, attr in node.attr.items() if key in ("T", "DstT")

@@ -192,10 +192,28 @@ def test_user_modules_still_export_to_saved_model(tmp_path: Path) -> None:
 
         net = Net()
         out = net(tf.ones((2, 8)))
-        assert "MatMul" in half_ops(net.__call__.concrete_functions()[0].graph.as_graph_def())
+        (concrete, *_) = net.__call__.rewritten_concrete_functions()
+        assert "MatMul" in half_ops(concrete.graph.as_graph_def())
         tf.saved_model.save(net, str(tmp_path / "model"))
     loaded = tf.saved_model.load(str(tmp_path / "model"))
     np.testing.assert_allclose(loaded(tf.ones((2, 8))).numpy(), out.numpy())
+
+
+def test_keras_export_archive_writes_a_user_endpoint(tmp_path: Path) -> None:
+    """Keras's export wraps an endpoint with ``tf.function``: a user function becomes ours, and
+    its method ``concrete_functions`` was taken for a list ("'method' object is not
+    iterable"); the method is ``rewritten_concrete_functions`` now."""
+    with activation.activated():
+        model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(4)])
+        archive = keras.export.ExportArchive()
+        archive.track(model)
+        archive.add_endpoint(
+            "serve", lambda t: model(t), input_signature=[tf.TensorSpec([None, 16], tf.float32)]
+        )
+        archive.write_out(str(tmp_path / "exported"), verbose=False)
+    x = np.ones((2, 16), np.float32)
+    loaded = tf.saved_model.load(str(tmp_path / "exported"))
+    np.testing.assert_allclose(loaded.serve(x).numpy(), model(x).numpy(), rtol=1e-6)
 
 
 def test_unmodified_custom_loop_scales_the_loss_and_skips_overflow() -> None:
@@ -224,7 +242,7 @@ def test_unmodified_custom_loop_scales_the_loss_and_skips_overflow() -> None:
         step(x, y, tf.constant(np.inf))  # overflow: the step must change nothing
         after = auto_loss_scale.current_state()
 
-        assert "MatMul" in half_ops(step.concrete_functions()[0].graph.as_graph_def())
+        assert "MatMul" in half_ops(step.rewritten_concrete_functions()[0].graph.as_graph_def())
         assert losses[-1] < 0.5 * losses[0]
         assert int(state.good_steps) + int(state.skipped_steps) == 30
         np.testing.assert_array_equal(kernel, model.layers[0].kernel.numpy())

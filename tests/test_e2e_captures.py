@@ -82,7 +82,7 @@ def test_tf_amp_function_step_with_a_captured_eager_tensor(rows: int, capture_op
 
     losses = [float(step(tf.constant(1.0))) for _ in range(3)]
 
-    assert "MatMul" in half_ops_of_functions(step.concrete_functions())
+    assert "MatMul" in half_ops_of_functions(step.rewritten_concrete_functions())
     _assert_matches_float32(losses, model, reference)
 
 
@@ -96,7 +96,7 @@ def test_env_activated_tf_function_step_with_a_captured_eager_tensor(
         model, x = _model(), _captured_batch(rows)
         step = tf.function(_step_body(model, keras.optimizers.SGD(0.1), x))
         losses = [float(step(tf.constant(1.0))) for _ in range(3)]
-        concretes = step.concrete_functions()
+        concretes = step.rewritten_concrete_functions()
 
     assert "MatMul" in half_ops_of_functions(concretes)
     _assert_matches_float32(losses, model, reference)
@@ -117,7 +117,7 @@ def test_tape_outside_reaches_a_captured_constant() -> None:
     assert product.dtype == tf.float32
     np.testing.assert_allclose(product.numpy(), x.numpy() @ np.ones((8, 4)), rtol=1e-3)
     np.testing.assert_allclose(grad.numpy(), 4.0)
-    assert "MatMul" in half_ops_of_functions(forward.concrete_functions())
+    assert "MatMul" in half_ops_of_functions(forward.rewritten_concrete_functions())
 
 
 def test_env_activated_tf_keras_step_with_a_captured_eager_constant() -> None:
@@ -136,7 +136,7 @@ def test_env_activated_tf_keras_step_with_a_captured_eager_constant() -> None:
     ref_losses, ref_weights, _ = run()
     with activation.activated(Settings(graph_rewrite=True, loss_scaling=False)):
         losses, weights, step = run()
-        concretes = step.concrete_functions()
+        concretes = step.rewritten_concrete_functions()
 
     assert "MatMul" in half_ops_of_functions(concretes)
     np.testing.assert_allclose(losses, ref_losses, rtol=5e-3)

@@ -68,14 +68,14 @@ def test_custom_loop_trains_in_half_on_the_original_variables() -> None:
     before = [v.numpy().copy() for v in model.trainable_variables]
     losses = [float(train_step(x, y)) for _ in range(40)]
 
-    assert half_ops_of_functions(train_step.concrete_functions()) >= HEAVY_OPS
+    assert half_ops_of_functions(train_step.rewritten_concrete_functions()) >= HEAVY_OPS
     assert losses[-1] < 0.8 * losses[0]
     assert int(opt.iterations) == 40
     assert all(
         not np.allclose(b, v.numpy())
         for b, v in zip(before, model.trainable_variables, strict=True)
     )
-    assert len(train_step.concrete_functions()) == 1  # cached per input signature
+    assert len(train_step.rewritten_concrete_functions()) == 1  # cached per input signature
     assert train_step.reports and train_step.reports[0].type_attrs_converted > 0
 
 
@@ -94,9 +94,9 @@ def test_new_input_signature_gets_its_own_rewrite() -> None:
     forward = tf_amp.function(lambda t: model(t))
     forward(np.zeros((4, 8, 8, 1), np.float32))
     forward(np.zeros((4, 8, 8, 1), np.float32))
-    assert len(forward.concrete_functions()) == 1
+    assert len(forward.rewritten_concrete_functions()) == 1
     forward(np.zeros((5, 8, 8, 1), np.float32))
-    assert len(forward.concrete_functions()) == 2
+    assert len(forward.rewritten_concrete_functions()) == 2
 
 
 def test_jit_compile_runs_the_half_graph_under_xla() -> None:
@@ -104,7 +104,7 @@ def test_jit_compile_runs_the_half_graph_under_xla() -> None:
     x, _ = _data(16)
     forward = tf_amp.function(lambda t: model(t), jit_compile=True)
     out = forward(x).numpy()
-    (concrete,) = forward.concrete_functions()
+    (concrete,) = forward.rewritten_concrete_functions()
     assert concrete.function_def.attr["_XlaMustCompile"].b
     assert "Conv2D" in half_ops_of_functions([concrete])
     np.testing.assert_allclose(out, model(x).numpy(), rtol=0, atol=5e-2)
@@ -131,7 +131,7 @@ def test_nested_functions_are_inlined_or_rewritten_in_the_library() -> None:
     for fn in (outer, again):
         out = fn(x)
         np.testing.assert_allclose(out.numpy(), 2 * (x @ w).numpy(), rtol=2e-2, atol=2e-2)
-    assert "MatMul" in half_ops_of_functions(outer.concrete_functions())
+    assert "MatMul" in half_ops_of_functions(outer.rewritten_concrete_functions())
 
 
 def test_model_without_convertible_ops_runs_unchanged_with_one_log_line(
@@ -144,7 +144,7 @@ def test_model_without_convertible_ops_runs_unchanged_with_one_log_line(
     assert float(out) == 7.0
     lines = [r.getMessage() for r in caplog.records if r.name == "tf_amp"]
     assert len(lines) == 1 and "nothing to do" in lines[0]
-    assert not half_ops_of_functions(fn.concrete_functions())
+    assert not half_ops_of_functions(fn.rewritten_concrete_functions())
 
 
 def test_a_float32_target_is_said_once_and_reported_with_the_graphs_size(
@@ -166,7 +166,7 @@ def test_a_float32_target_is_said_once_and_reported_with_the_graphs_size(
         f"Converted 0/{fn.reports[0].nodes_before} nodes: target float32, graph left "
         f"unchanged ({reason})"
     )
-    assert not half_ops_of_functions(fn.concrete_functions())
+    assert not half_ops_of_functions(fn.rewritten_concrete_functions())
     at_o0 = tf_amp.function(lambda t: tf.matmul(t, w), config=config.replace(opt_level="O0"))
     at_o0(tf.ones((2, 8)))
     assert at_o0.reports[0].summary_line().endswith("nodes: opt level O0, graph left unchanged")
@@ -183,7 +183,7 @@ def test_excluded_name_scope_stays_float32() -> None:
 
     fn = tf_amp.function(two_matmuls, config=RewriteConfig(exclude_scopes=("keep_fp32",)))
     fn(tf.ones((2, 8)))
-    (concrete,) = fn.concrete_functions()
+    (concrete,) = fn.rewritten_concrete_functions()
     matmuls = {
         n.name.startswith("keep_fp32/"): n.attr["T"].type
         for n in concrete.graph.as_graph_def().node
@@ -203,7 +203,7 @@ def test_keep_float32_block_stays_float32() -> None:
         return a + b
 
     out = two_matmuls(tf.ones((2, 8)))
-    (concrete,) = two_matmuls.concrete_functions()
+    (concrete,) = two_matmuls.rewritten_concrete_functions()
     matmuls = {
         n.attr["_tf_amp_exclude"].b: n.attr["T"].type
         for n in concrete.graph.as_graph_def().node
@@ -235,7 +235,7 @@ def test_decorates_methods_with_one_cache_per_object() -> None:
     b.w.assign(2 * tf.ones((4, 4)))
     assert float(tf.reduce_sum(a(tf.ones((1, 4))))) == 16.0
     assert float(tf.reduce_sum(b(tf.ones((1, 4))))) == 32.0
-    assert "MatMul" in half_ops_of_functions(a.__call__.concrete_functions())
+    assert "MatMul" in half_ops_of_functions(a.__call__.rewritten_concrete_functions())
 
 
 def test_a_module_exports_its_rewritten_method_as_float32(tmp_path) -> None:
@@ -275,7 +275,7 @@ def test_a_methods_config_reaches_every_objects_bound_function() -> None:
 
     for dense in (Dense(), Dense()):
         dense(tf.ones((1, 4)))
-        (rewritten,) = dense.__call__.concrete_functions()
+        (rewritten,) = dense.__call__.rewritten_concrete_functions()
         assert _matmul_dtypes(rewritten.graph.as_graph_def()) == {tf.bfloat16}
         assert dense.__call__.rewrite_config.target_dtype == "bfloat16"
 
@@ -480,7 +480,7 @@ def test_gradients_flow_through_a_rewritten_function() -> None:
     with tf.GradientTape() as tape:
         total = tf.reduce_sum(forward(tf.ones((2, 4))))
     np.testing.assert_allclose(tape.gradient(total, w).numpy(), 2.0)
-    assert "MatMul" in half_ops_of_functions(forward.concrete_functions())
+    assert "MatMul" in half_ops_of_functions(forward.rewritten_concrete_functions())
 
 
 
@@ -528,7 +528,7 @@ def test_a_custom_gradient_under_an_outer_tape_runs_float32(caplog) -> None:
     inside = [g.numpy() for g in step()]
     for ours, theirs in zip(inside, gradients[0], strict=True):
         np.testing.assert_allclose(ours, theirs, rtol=2e-2, atol=0.5)
-    assert "MatMul" in half_ops_of_functions(step.concrete_functions())
+    assert "MatMul" in half_ops_of_functions(step.rewritten_concrete_functions())
 
 
 def test_a_loop_calling_a_function_under_an_outer_tape_runs_float32(caplog) -> None:
@@ -638,7 +638,7 @@ def test_a_variable_made_from_the_arguments_on_the_first_call(decorate: str, cap
     assert "cannot lift" in caplog.text
     second = fn(x)  # the variable exists: traced again, rewritten and run
     np.testing.assert_allclose(second.numpy(), 8.0)
-    rebuilt = fn.concrete_functions()
+    rebuilt = fn.rewritten_concrete_functions()
     assert len(rebuilt) == 1
     assert any(op.type == "MatMul" and op.get_attr("T") == tf.float16
                for op in rebuilt[0].graph.get_operations())

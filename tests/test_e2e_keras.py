@@ -69,7 +69,7 @@ def test_fit_runs_the_half_step_with_steps_per_execution(compile_hook: None) -> 
     history = model.fit(x, y, batch_size=16, epochs=4, verbose=0)
 
     steps = keras_fit.rewritten_functions(model)["train"]
-    assert half_ops_of_functions(steps.concrete_functions()) >= HEAVY_OPS
+    assert half_ops_of_functions(steps.rewritten_concrete_functions()) >= HEAVY_OPS
     losses = history.history["loss"]
     assert losses[-1] < 0.7 * losses[0]
     assert int(opt.iterations) == 4 * 6  # every batch ran once, 4 per call
@@ -86,8 +86,9 @@ def test_evaluate_and_predict_are_rewritten_and_keep_float32_outputs(compile_hoo
     predictions = model.predict(x, batch_size=32, verbose=0)
 
     functions = keras_fit.rewritten_functions(model)
-    assert {"Conv2D", "MatMul"} <= half_ops_of_functions(functions["test"].concrete_functions())
-    assert {"Conv2D", "MatMul"} <= half_ops_of_functions(functions["predict"].concrete_functions())
+    for kind in ("test", "predict"):
+        rewritten = functions[kind].rewritten_concrete_functions()
+        assert {"Conv2D", "MatMul"} <= half_ops_of_functions(rewritten), kind
     assert predictions.dtype == np.float32 and predictions.shape == (96, 10)
     reference = model(x, training=False).numpy()  # float32 eager forward, same weights
     error = np.abs(predictions - reference).max() / np.abs(reference).max()
@@ -101,7 +102,7 @@ def test_jit_compile_is_honoured() -> None:
     keras_fit.install(model)
     x, y = _data()
     history = model.fit(x, y, batch_size=32, epochs=3, verbose=0)
-    (concrete,) = keras_fit.rewritten_functions(model)["train"].concrete_functions()
+    (concrete,) = keras_fit.rewritten_functions(model)["train"].rewritten_concrete_functions()
     assert concrete.function_def.attr["_XlaMustCompile"].b
     assert "Conv2D" in half_ops_of_functions([concrete])
     assert history.history["loss"][-1] < history.history["loss"][0]
@@ -166,7 +167,7 @@ def test_jit_compile_with_loss_scaling_never_fails_to_compile() -> None:
     keras_fit.install(model)
     x, y = _data()
     history = model.fit(x, y, batch_size=32, epochs=3, verbose=0)
-    (concrete,) = keras_fit.rewritten_functions(model)["train"].concrete_functions()
+    (concrete,) = keras_fit.rewritten_functions(model)["train"].rewritten_concrete_functions()
     graph_def = concrete.graph.as_graph_def()
     ops = {n.op for n in graph_def.node} | {
         n.op for f in graph_def.library.function for n in f.node_def
@@ -198,7 +199,7 @@ y = x.reshape(128, -1)[:, :10].argmax(1)
 losses = model.fit(x, y, batch_size=32, epochs=4, verbose=0).history["loss"]
 step = keras_fit.rewritten_functions(model)["train"]
 print("RESULT", losses[0], losses[-1], int(opt.iterations.numpy()),
-      sorted(half_ops_of_functions(step.concrete_functions()) & {"Conv2D", "MatMul"}))
+      sorted(half_ops_of_functions(step.rewritten_concrete_functions()) & {"Conv2D", "MatMul"}))
 """
 
 

@@ -35,7 +35,7 @@ def test_enable_then_compile_and_fit_runs_float16_and_disable_undoes_the_hook():
         assert keras_fit.is_installed(model)
         model.fit(x, y, batch_size=16, epochs=1, verbose=0)
         train = keras_fit.rewritten_functions(model)["train"]
-        assert half_ops_of_functions(train.concrete_functions()) & HEAVY_OPS
+        assert half_ops_of_functions(train.rewritten_concrete_functions()) & HEAVY_OPS
         assert int(opt.iterations) == 2
     finally:
         tf_amp.disable_mixed_precision_graph_rewrite()
@@ -62,7 +62,7 @@ def test_enable_written_inside_the_first_compile_call_still_hooks_the_model():
         model.fit(x, y, batch_size=16, epochs=1, verbose=0)
         assert keras_fit.is_installed(model)
         train = keras_fit.rewritten_functions(model)["train"]
-        assert half_ops_of_functions(train.concrete_functions()) & HEAVY_OPS
+        assert half_ops_of_functions(train.rewritten_concrete_functions()) & HEAVY_OPS
     finally:
         tf_amp.disable_mixed_precision_graph_rewrite()
     assert TensorFlowTrainer.make_train_function is original_builder
@@ -126,7 +126,7 @@ def test_a_saved_rewrite_enabled_model_loads_still_wanting_the_rewrite(tmp_path)
         assert keras_fit.is_installed(loaded)
         loaded.fit(x, y, batch_size=16, epochs=1, verbose=0)
         train = keras_fit.rewritten_functions(loaded)["train"]
-        assert half_ops_of_functions(train.concrete_functions()) & HEAVY_OPS
+        assert half_ops_of_functions(train.rewritten_concrete_functions()) & HEAVY_OPS
         assert int(loaded.optimizer.iterations) == 4
     finally:
         tf_amp.disable_mixed_precision_graph_rewrite()

@@ -169,7 +169,7 @@ def test_keras_embedding_step_casts_the_rows_it_gathers() -> None:
     x, y = TOKENS, np.arange(4, dtype=np.int32)
     losses = [float(train_step(x, y)) for _ in range(20)]
     assert losses[-1] < losses[0]
-    (concrete,) = train_step.concrete_functions()
+    (concrete,) = train_step.rewritten_concrete_functions()
     nodes = list(concrete.graph.as_graph_def().node)
     for function in concrete.graph.as_graph_def().library.function:
         nodes.extend(function.node_def)

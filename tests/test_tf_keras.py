@@ -134,9 +134,9 @@ def test_custom_loop_api_trains_in_half_and_skips_inf_nan_bit_identically(kind: 
 
     losses = [float(step(x, y, tf.constant(0.0))) for _ in range(15)]
     assert losses[-1] < 0.8 * losses[0]
-    assert half_ops_of_functions(step.concrete_functions()) >= CONV_OPS
+    assert half_ops_of_functions(step.rewritten_concrete_functions()) >= CONV_OPS
     # the fused native op unscales every gradient in one call
-    graph = step.concrete_functions()[0].graph.as_graph_def()
+    graph = step.rewritten_concrete_functions()[0].graph.as_graph_def()
     op_types = {n.op for n in graph.node} | {
         n.op for f in graph.library.function for n in f.node_def
     }
@@ -174,7 +174,7 @@ def test_embedding_sparse_gradients_are_unscaled_and_skipped(kind: str) -> None:
         warnings.simplefilter("error")  # get_scaled_loss was called: no "never scaled" warning
         losses = [float(step(x, y, tf.constant(0.0))) for _ in range(30)]
     assert losses[-1] < 0.8 * losses[0]
-    assert "MatMul" in half_ops_of_functions(step.concrete_functions())
+    assert "MatMul" in half_ops_of_functions(step.rewritten_concrete_functions())
     before = _snapshot(model, opt)
     step(x, y, tf.constant(float("nan")))
     assert _snapshot(model, opt) == before and int(opt.skipped_steps) == 1
@@ -203,13 +203,14 @@ def test_fit_of_a_cnn_with_batchnorm_runs_the_rewritten_step(kind: str) -> None:
     losses = history.history["loss"]
     assert losses[-1] < 0.7 * losses[0]
     functions = tf_keras_fit.rewritten_functions(model)
-    assert half_ops_of_functions(functions["train"].concrete_functions()) >= CONV_OPS
+    assert half_ops_of_functions(functions["train"].rewritten_concrete_functions()) >= CONV_OPS
     model.evaluate(x, y, verbose=0)
     predictions = model.predict(x[:8], verbose=0)
     assert predictions.dtype == np.float32
     functions = tf_keras_fit.rewritten_functions(model)
-    assert {"Conv2D", "MatMul"} <= half_ops_of_functions(functions["predict"].concrete_functions())
-    assert "Conv2D" in half_ops_of_functions(functions["test"].concrete_functions())
+    predict = functions["predict"].rewritten_concrete_functions()
+    assert {"Conv2D", "MatMul"} <= half_ops_of_functions(predict)
+    assert "Conv2D" in half_ops_of_functions(functions["test"].rewritten_concrete_functions())
     # a plain optimizer on recompile: float32 again
     model.compile(_adam(kind), tf_keras.losses.SparseCategoricalCrossentropy(**SCCE))
     model.fit(x, y, batch_size=32, epochs=1, verbose=0)
@@ -256,7 +257,7 @@ def test_fit_with_a_custom_train_step_runs_rewritten_and_loss_scaled(kind: str) 
     assert losses[-1] < 0.8 * losses[0]
     functions = tf_keras_fit.rewritten_functions(model)
     assert {"Conv2D", "Conv2DBackpropFilter", "MatMul"} <= half_ops_of_functions(
-        functions["train"].concrete_functions()
+        functions["train"].rewritten_concrete_functions()
     )
     assert int(opt.iterations) == 32 and float(opt.loss_scale) == 2.0**15
 
@@ -272,7 +273,7 @@ def test_fit_of_an_embedding_model_with_steps_per_execution(kind: str) -> None:
     losses = model.fit(x, y, batch_size=16, epochs=6, verbose=0).history["loss"]
     assert losses[-1] < 0.8 * losses[0]
     functions = tf_keras_fit.rewritten_functions(model)
-    assert "MatMul" in half_ops_of_functions(functions["train"].concrete_functions())
+    assert "MatMul" in half_ops_of_functions(functions["train"].rewritten_concrete_functions())
     assert int(model.optimizer.iterations) == 48
 
 
@@ -390,7 +391,8 @@ def test_mixed_float16_policy_cooperates_with_one_loss_scale() -> None:
     assert losses[-1] < 0.7 * losses[0]
     assert model.predict(x[:4], verbose=0).dtype == np.float16  # the policy's own output dtype
     functions = tf_keras_fit.rewritten_functions(model)
-    assert {"Conv2D", "MatMul"} <= half_ops_of_functions(functions["train"].concrete_functions())
+    train = functions["train"].rewritten_concrete_functions()
+    assert {"Conv2D", "MatMul"} <= half_ops_of_functions(train)
 
 
 def _tf_keras_loss_scale_wrappers() -> tuple[type, type]:
@@ -507,7 +509,7 @@ def test_a_tf_keras_loss_on_probabilities_stays_float32(target: str, monkeypatch
     float32_losses, _ = train(tf_keras.optimizers.Adam(5e-2))
     amp_losses, model = train(
         tf_amp.enable_mixed_precision_graph_rewrite(tf_keras.optimizers.Adam(5e-2)))
-    step = tf_keras_fit.rewritten_functions(model)["train"].concrete_functions()[0]
+    step = tf_keras_fit.rewritten_functions(model)["train"].rewritten_concrete_functions()[0]
     half = tf.as_dtype(target).as_datatype_enum
     graph_def = step.graph.as_graph_def()
     nodes = [*graph_def.node, *(n for f in graph_def.library.function for n in f.node_def)]

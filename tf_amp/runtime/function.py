@@ -271,7 +271,7 @@ class Function:
 
         return self._rewrite_config or RewriteConfig.from_env()
 
-    def concrete_functions(self) -> list[Any]:
+    def rewritten_concrete_functions(self) -> list[Any]:
         """The rewritten concrete functions built so far (one per traced input signature)."""
         return [rebuilt for _, rebuilt in self._cache.values()]
 
@@ -376,9 +376,13 @@ class AmpTfFunction(upstream_tf.TfFunction):
         clone._amp().reports = self._amp().reports  # the clone's rewrites are reported here
         return clone
 
-    def concrete_functions(self) -> list[Any]:
-        """The rewritten concrete functions built so far."""
-        return self._amp().concrete_functions()
+    def rewritten_concrete_functions(self) -> list[Any]:
+        """The rewritten concrete functions built so far.
+
+        Not ``concrete_functions``, which ``tf.function`` objects lack: Keras's export takes
+        an object with that attribute for one holding a list of them, and failed on a method.
+        """
+        return self._amp().rewritten_concrete_functions()
 
     @property
     def reports(self) -> list[Any]:
