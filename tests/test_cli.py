@@ -192,6 +192,10 @@ def test_rewrite_never_deletes_what_is_not_an_earlier_output(
     assert cli.main(["rewrite", str(source), str(other)]) == 2
     assert "did not write" in capsys.readouterr().err
     assert (other / "data.csv").exists()
+    # Was written, into the user's model (and copied along by its next rewrite).
+    assert cli.main(["rewrite", str(source), str(source / "amp")]) == 2
+    assert "is inside IN" in capsys.readouterr().err
+    assert not (source / "amp").exists()
     users_model = tmp_path / "users_other_model"  # a SavedModel, but not one tf-amp wrote
     _saved_model(users_model)
     assert cli.main(["rewrite", str(source), str(users_model)]) == 2
@@ -207,6 +211,35 @@ def test_rewrite_never_deletes_what_is_not_an_earlier_output(
     assert cli.main(["rewrite", str(graph), str(graph)]) == 2
     assert "OUT must differ from IN" in capsys.readouterr().err
     assert graph.read_bytes() == before
+
+
+def test_a_sparse_signature_output_of_a_tf1_saved_model_stays_float32(tmp_path: Path) -> None:
+    """A SparseTensor output's TensorInfo names its three tensors in ``coo_sparse``; only
+    ``name`` (empty for it) was kept, so its values came back float16."""
+    source, target = tmp_path / "fp32", tmp_path / "amp"
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [None, 16], name="x")
+        w = tf.constant(np.linspace(-0.3, 0.3, 256, dtype=np.float32).reshape(16, 16))
+        sparse = tf.sparse.from_dense(tf.nn.relu(tf.matmul(tf.nn.relu(tf.matmul(x, w)), w)))
+        info = tf.compat.v1.saved_model.build_tensor_info
+        signature = tf.compat.v1.saved_model.signature_def_utils.build_signature_def(
+            {"x": info(x)}, {"sparse": info(sparse)}, "tensorflow/serving/predict"
+        )
+        with tf.compat.v1.Session(graph=graph) as sess:
+            builder = tf.compat.v1.saved_model.Builder(str(source))
+            builder.add_meta_graph_and_variables(
+                sess, ["serve"], signature_def_map={"serving_default": signature}
+            )
+            builder.save()
+    assert cli.main(["rewrite", str(source), str(target), "--target-dtype", "float16"]) == 0
+    x_value = np.linspace(-1, 1, 64, dtype=np.float32).reshape(4, 16)
+    served = {
+        name: tf.saved_model.load(str(path)).signatures["serving_default"](x=x_value)["sparse"]
+        for name, path in (("fp32", source), ("amp", target))
+    }
+    assert served["amp"].values.dtype == tf.float32
+    np.testing.assert_allclose(served["amp"].values, served["fp32"].values, rtol=2e-2)
 
 
 def test_rewritten_saved_model_gets_its_own_fingerprint(tmp_path: Path) -> None:

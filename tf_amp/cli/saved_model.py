@@ -44,9 +44,10 @@ def rewrite_saved_model(source: str, target: str, config: Any) -> Any:
     reports = []
     for meta_graph in saved_model.meta_graphs:
         keep = {
-            tensor.name.split(":")[0]
+            name.split(":")[0]
             for signature in meta_graph.signature_def.values()
             for tensor in list(signature.outputs.values()) + list(signature.inputs.values())
+            for name in _tensor_names(tensor)
         }
         effective = config.replace(preserve_nodes=frozenset(config.preserve_nodes) | keep)
         result = rewrite_graph_def(meta_graph.graph_def, effective)
@@ -73,6 +74,23 @@ def rewrite_saved_model(source: str, target: str, config: Any) -> Any:
     with open(marker, "w", encoding="utf-8") as f:
         json.dump({"rewritten_from": os.path.abspath(source), "tool": "tf-amp rewrite"}, f)
     return reports
+
+
+def _tensor_names(info: Any) -> list[str]:
+    """The graph tensors a signature's ``TensorInfo`` stands for: its ``name``, or a
+    SparseTensor's three (``coo_sparse``), or a composite's components, recursively. The
+    first alone missed the others, and a SparseTensor output came back float16."""
+    encoding = info.WhichOneof("encoding")
+    if encoding == "coo_sparse":
+        sparse = info.coo_sparse
+        names = [
+            sparse.values_tensor_name, sparse.indices_tensor_name, sparse.dense_shape_tensor_name
+        ]
+    elif encoding == "composite_tensor":
+        names = [n for part in info.composite_tensor.components for n in _tensor_names(part)]
+    else:
+        names = [info.name]
+    return [name for name in names if name]
 
 
 def _all_nodes(saved_model: Any) -> Any:
@@ -112,6 +130,11 @@ def _check_saved_model_target(source: str, target: str) -> None:
         raise ValueError("OUT must differ from IN (the SavedModel is copied, not edited)")
     if os.path.commonpath([source_path, target_path]) == target_path:
         raise ValueError(f"OUT {target} contains IN {source}; it would be deleted")
+    if os.path.commonpath([source_path, target_path]) == source_path:
+        raise ValueError(
+            f"OUT {target} is inside IN {source}; the output would be written into the "
+            "user's model (and copied along by the next rewrite of it)"
+        )
     if os.path.isdir(target) and os.listdir(target):
         if not os.path.exists(os.path.join(target, _MARKER)):
             raise FileExistsError(
