@@ -149,3 +149,33 @@ def test_a_run_error_is_said_by_its_telling_line() -> None:
                "'probe_bfloat16'\nNo OpKernel was registered to support Op 'Foo'\n"
                "Registered devices: [CPU]\n\n\t [[probe_bfloat16]]")
     assert probe._first_line(message) == "No OpKernel was registered to support Op 'Foo'"
+
+
+def test_what_the_probe_cannot_time_is_listed_with_the_reason(caplog) -> None:  # noqa: ANN001
+    """Ops of unknown batch size, and the ops inside functions (all of a TF2 SavedModel's),
+    were left out in silence: "0 op signatures timed" and no word of why, and a rewrite with
+    the probe on painted them as if it were off."""
+    import logging
+
+    weights = tf.ones((256, 256))
+
+    def two_matmuls(x: tf.Tensor) -> tf.Tensor:
+        return tf.matmul(tf.matmul(x, weights), weights)
+
+    unknown_batch = tf.function(two_matmuls).get_concrete_function(
+        tf.TensorSpec([None, 256])).graph.as_graph_def()
+    timings = probe.probe_graph(unknown_batch, "bfloat16", {"MatMul": "allow"}, repeats=1)
+    assert len(timings) == 0
+    ((names, why),) = [(u.nodes, u.why) for u in timings.untimed]
+    assert len(names) == 2 and "not fully known" in why
+
+    @tf.function
+    def calls(x: tf.Tensor) -> tf.Tensor:
+        return tf.function(two_matmuls)(x)
+
+    with_a_call = calls.get_concrete_function(tf.TensorSpec([4, 256])).graph.as_graph_def()
+    config = RewriteConfig(target_dtype="bfloat16", probe=True)
+    with caplog.at_level(logging.INFO, "tf_amp"):
+        rewrite_graph_def(with_a_call, config)
+    assert "probe timed nothing" in caplog.text
+    assert "a function call: the probe times the main graph's own ops" in caplog.text

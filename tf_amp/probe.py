@@ -139,7 +139,8 @@ def probe_graph(
     timer: Timer | None = None,
 ) -> ProbeTimings:
     """Times every op of ``graph_def``'s main graph whose type ``categories`` maps to "allow"
-    or "infer", once per signature. Ops whose shapes are not all known are skipped. (Clear
+    or "infer", once per signature. Ops whose shapes are not all known, and function calls,
+    are listed in ``untimed`` with the reason. (Clear
     ops move data; they cost about as much in any float type and time at the noise level.)
     What could not be timed is in the answer's ``untimed`` (see the module docstring).
 
@@ -155,12 +156,19 @@ def probe_graph(
             message = error.message if isinstance(error, tf.errors.OpError) else error
             raise ValueError(f"TensorFlow cannot import the graph: {message}") from None
     groups: dict[Signature, list[_Candidate]] = {}
+    skipped: dict[str, list[str]] = {}  # why -> node names: listed, not dropped in silence
+    functions = {f.signature.name for f in importable.library.function}
     for op in graph.get_operations():
         if categories.get(op.type) in ("allow", "infer"):
             candidate = _candidate(op)
-            if candidate is not None:
+            if isinstance(candidate, str):
+                skipped.setdefault(candidate, []).append(op.name)
+            else:
                 groups.setdefault(candidate.signature, []).append(candidate)
+        elif op.type in functions or op.type in _CALL_OPS:
+            skipped.setdefault(_IN_A_FUNCTION, []).append(op.name)
     timings = ProbeTimings(untimed=untimed)
+    timings.untimed += [Untimed(tuple(names), why) for why, names in skipped.items()]
     target_enum = tf.as_dtype(target_dtype).as_datatype_enum
     for signature, members in groups.items():
         names = tuple(c.op.name for c in members)
@@ -359,24 +367,36 @@ def _known_shape(tensor: tf.Tensor) -> tf.TensorShape:
         tf.TensorShape(recorded)) else shape
 
 
-def _candidate(op: tf.Operation) -> _Candidate | None:
+_CALL_OPS = frozenset({"PartitionedCall", "StatefulPartitionedCall"})
+_IN_A_FUNCTION = (
+    "a function call: the probe times the main graph's own ops, and the ops inside library "
+    "functions (all of a TF2 SavedModel's) are painted by the lists alone"
+)
+_UNKNOWN_SHAPE = (
+    "an input shape is not fully known (an unknown batch size): give the graph fixed shapes "
+    "to time it"
+)
+
+
+def _candidate(op: tf.Operation) -> _Candidate | str:
+    """What to time for ``op``, or why it cannot be timed alone."""
     float_inputs, constants, shapes = [], {}, []
     for i, tensor in enumerate(op.inputs):
         if tensor.dtype == tf.float32:
             shape = _known_shape(tensor)
             if not shape.is_fully_defined():
-                return None
+                return _UNKNOWN_SHAPE
             float_inputs.append(i)
             shapes.append(tuple(shape.as_list()))
         elif tensor.dtype == tf.resource:
-            return None
+            return "it reads a variable handle"
         else:
             value = _static_value(tensor)
             if value is None:
-                return None
+                return "a non-float input is not a constant"
             constants[i] = np.asarray(value)
     if not float_inputs:
-        return None
+        return "it has no float32 input"
     node = op.node_def
     attrs = sorted(
         (k, v.SerializeToString(deterministic=True))

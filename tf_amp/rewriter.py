@@ -102,8 +102,13 @@ def _probe(
     except (ValueError, TypeError) as err:
         logger.warning("probe skipped: the graph could not be timed op by op (%s)", err)
         return config
+    # All at INFO when something was timed; when nothing was, the probe asked for did nothing,
+    # and that is said where it is seen.
+    level = logging.INFO if len(timings) else logging.WARNING
+    if not len(timings):
+        logger.warning("probe timed nothing: every op is painted by the lists alone")
     for untimed in timings.untimed:
-        logger.info("probe did not time %s", untimed.describe())
+        logger.log(level, "probe did not time %s", untimed.describe())
     report.probe_timings = timings
     return config.replace(slow_nodes=config.slow_nodes | probe.slow_nodes(timings))
 
