@@ -288,7 +288,7 @@ def _loop_that_scales_its_own_loss(
 
         for _ in range(steps):
             step()
-        made = auto_loss_scale._STATE["vars"] is not None  # noqa: SLF001
+        made = auto_loss_scale.made_any_state()
         return [w.numpy() for w in model.weights], int(inner.iterations), made
 
 
@@ -854,7 +854,7 @@ def test_a_train_step_that_calls_super_is_loss_scaled() -> None:
     scaled the loss: every float16 gradient underflowed to 0 and the model never moved."""
     with activation.activated(Settings(True, True)):
         _, wrapped = _train_with_a_tiny_loss(keras.Sequential)
-        made_by_the_wrapped_model = auto_loss_scale._STATE["vars"] is not None  # noqa: SLF001
+        made_by_the_wrapped_model = auto_loss_scale.made_any_state()
         before, delegating = _train_with_a_tiny_loss(DelegatingRegressor)
         state = auto_loss_scale.current_state()
     assert not made_by_the_wrapped_model  # Keras's wrapper scaled that loss, nothing else
@@ -895,7 +895,7 @@ def test_an_optimizer_with_its_own_loss_scale_factor_keeps_it_under_the_activati
         model.fit(x, y, batch_size=8, epochs=4, verbose=0)
         assert int(opt.iterations) == 16
         assert model.evaluate(x, y, verbose=0) < 0.5 * first
-        assert auto_loss_scale._STATE["vars"] is None  # noqa: SLF001 - no second scale made
+        assert not auto_loss_scale.made_any_state()  # no second scale made
 
 
 class OwnStepWithNaNLoss(keras.Sequential):

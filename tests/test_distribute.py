@@ -277,6 +277,7 @@ ENV_CUSTOM_LOOP = textwrap.dedent(
                 with tf.GradientTape() as tape:
                     loss = tf.reduce_mean(tf.square(model(x) - 1.0)) * factor
                 grads = tape.gradient(loss, model.trainable_variables)
+                {aggregate}
                 opt.apply_gradients(zip(grads, model.trainable_variables))
 
             strategy.run(replica_fn)
@@ -289,11 +290,13 @@ ENV_CUSTOM_LOOP = textwrap.dedent(
             before = kernels()
             step(tf.constant(bad))
             after = kernels()
+            with strategy.scope():  # the state is the strategy's
+                scale = float(auto_loss_scale.current_state().scale)
             rows.append({{
                 "kernels": after,
                 "changed": before != after,
                 "iterations": int(opt.iterations.numpy()),
-                "scale": float(auto_loss_scale.current_state().scale),
+                "scale": scale,
             }})
     print(json.dumps({{"replicas": strategy.num_replicas_in_sync, "rows": rows}}))
     """
@@ -309,18 +312,81 @@ def check_env_custom_loop(facts: dict) -> None:
     assert [row["scale"] for row in rows] == [2.0**15, 2.0**14, 2.0**14, 2.0**13]
 
 
-def test_env_custom_loop_under_mirrored_strategy_skips_on_every_replica():
+@pytest.mark.parametrize(
+    "aggregate",
+    [
+        "",
+        # The replicas meet at the all-reduce between tape.gradient and apply: the flags were
+        # kept per graph, replica 0's apply took replica 1's, and replica 1's apply found none
+        # ("Values to regroup had different lengths").
+        'grads = context.all_reduce("MEAN", grads)',
+    ],
+)
+def test_env_custom_loop_under_mirrored_strategy_skips_on_every_replica(aggregate):
     """The environment's custom-loop loss scaling under MirroredStrategy: the inner apply
     all-reduces gradients, so its skip cond must run in the cross-replica context (it used to
     fail with a merge_call error), and one replica's inf must make every replica skip."""
-    source = ENV_CUSTOM_LOOP.format(setup=MIRRORED_SETUP)
+    source = ENV_CUSTOM_LOOP.format(setup=MIRRORED_SETUP, aggregate=aggregate)
     check_env_custom_loop(facts_from(run_script(source, {}), TIMEOUT))
+
+
+ENV_LOOPS_UNDER_SEVERAL_STRATEGIES = textwrap.dedent(
+    """
+    import json, os
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import numpy as np
+    import tensorflow as tf
+    {setup}
+    import keras
+    from tf_amp.runtime import activation, auto_loss_scale
+    from tf_amp.runtime.activation import Settings
+
+    x = tf.constant(np.linspace(-0.1, 0.1, 16, dtype=np.float32).reshape(4, 4))
+    phases = [("mirrored", strategy), ("one_device", tf.distribute.OneDeviceStrategy("/cpu:0")),
+              ("none", tf.distribute.get_strategy())]
+    facts = {{}}
+    with activation.activated(Settings(graph_rewrite=False, loss_scaling=True)):
+        for name, phase_strategy in phases:
+            with phase_strategy.scope():
+                model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+                opt = keras.optimizers.SGD(0.1)
+
+                @tf.function
+                def step():
+                    def replica_fn():
+                        with tf.GradientTape() as tape:
+                            loss = tf.reduce_mean(tf.square(model(x) - 1.0))
+                        grads = tape.gradient(loss, model.trainable_variables)
+                        opt.apply_gradients(zip(grads, model.trainable_variables))
+
+                    phase_strategy.run(replica_fn)
+
+                for _ in range(3):
+                    step()
+                facts[name] = {{  # read in the scope: the state is the strategy's
+                    "iterations": int(opt.iterations.numpy()),
+                    "scale": float(auto_loss_scale.current_state().scale),
+                }}
+    print(json.dumps(facts))
+    """
+)
+
+
+def test_env_custom_loops_under_one_strategy_then_another_each_keep_their_scale():
+    """The environment's loop state was one set of variables per process, made under the first
+    strategy (a MirroredVariable): a loop under OneDeviceStrategy then failed ("Mixing
+    different tf.distribute.Strategy objects"), and one under none failed to place."""
+    source = ENV_LOOPS_UNDER_SEVERAL_STRATEGIES.format(setup=MIRRORED_SETUP)
+    facts = facts_from(run_script(source, {}), TIMEOUT)
+    assert set(facts) == {"mirrored", "one_device", "none"}
+    for name, phase in facts.items():
+        assert phase == {"iterations": 3, "scale": 2.0**15}, name
 
 
 def test_env_custom_loop_under_multi_worker_strategy_skips_on_every_worker():
     """Same loop on two worker processes: the worker whose gradients are finite must skip
     too, and both end with identical weights."""
-    results = run_two_workers(ENV_CUSTOM_LOOP.format(setup=MULTI_WORKER_SETUP))
+    results = run_two_workers(ENV_CUSTOM_LOOP.format(setup=MULTI_WORKER_SETUP, aggregate=""))
     for facts in results:
         check_env_custom_loop(facts)
     assert results[0]["rows"] == results[1]["rows"]  # same weights on both workers

@@ -12,7 +12,7 @@ An unmodified script does not call ``scale_loss``. Three shapes of script are co
   differentiating ``loss * scale``, but needs nothing recorded on the tape), unscales and checks
   the gradients with the fused op, and leaves the finite flag for the Keras ``apply`` of those
   gradients in the same graph; :func:`keras_apply_patch` then applies only when the flag is true
-  (ANDed over replicas under ``tf.distribute``) and moves the process-wide scale with
+  (ANDed over replicas under ``tf.distribute``) and moves the strategy's scale with
   ``tf_amp.loss_scale``'s dynamic policy, through the same code as ``tf_amp.LossScaleOptimizer``.
   A skipped step changes no weight, slot or ``iterations``.
 
@@ -42,8 +42,10 @@ Checkpointing limits (no clean way exists in these cases):
   state: Keras saves ``optimizer.variables`` by position, and adding ours there would make such
   a file fail to load into an optimizer built without the environment variable. A resumed run
   restarts at the initial scale (the schedule recovers within a few steps).
-* The state is one per process, shared by every optimizer on this path (a GAN's two
-  optimizers checkpoint the same variables, which ``tf.train.Checkpoint`` saves once).
+* The state is one per ``tf.distribute`` strategy (the default one included), shared by every
+  optimizer on this path under it (a GAN's two optimizers checkpoint the same variables,
+  which ``tf.train.Checkpoint`` saves once). A variable made under one strategy cannot serve
+  another: a loop under a second strategy starts from the initial scale.
 * Eager (no ``tf.function``) custom loop restored before its first step: the first
   ``tape.gradient`` runs before the optimizer is known, so that one step is scaled by the
   initial scale; its ``apply`` then attaches and restores, and the schedule continues from the
@@ -67,10 +69,16 @@ from tf_amp._upstream import tensorflow as upstream_tf
 _LOG = logging.getLogger("tf_amp")
 _LOCK = threading.Lock()
 _STATE: dict[str, Any] = {
-    "vars": None,
+    # strategy -> (its loss-scale variables, the HostFloorAlarm of steps XLA compiled): a
+    # variable made under one strategy (a MirroredVariable) cannot serve another, and a loop
+    # under a second strategy, or none, failed ("Mixing different tf.distribute.Strategy
+    # objects"). The default strategy is one of the keys.
+    "states": weakref.WeakKeyDictionary(),
     "policy": None,
-    "alarm": None,  # HostFloorAlarm: what steps XLA compiled counted, made with "vars"
-    "pending": weakref.WeakKeyDictionary(),  # graph -> [(gradients returned, finite flag)]
+    # graph -> {thread: [(gradients returned, finite flag)]}: a strategy runs each replica in
+    # a thread of its own, in one graph, and they meet at an all-reduce between tape.gradient
+    # and apply; one list per graph handed replica 1's flag to replica 0's apply.
+    "pending": weakref.WeakKeyDictionary(),
 }
 _MAX_PENDING = 16  # flags kept per graph (eager: gradient calls that no apply follows)
 
@@ -78,9 +86,8 @@ _MAX_PENDING = 16  # flags kept per graph (eager: gradient calls that no apply f
 def reset() -> None:
     """Forgets the custom-loop scale state (called on deactivation)."""
     with _LOCK:
-        _STATE["vars"] = None
+        _STATE["states"] = weakref.WeakKeyDictionary()
         _STATE["policy"] = None
-        _STATE["alarm"] = None
         _STATE["pending"] = weakref.WeakKeyDictionary()
 
 
@@ -92,16 +99,18 @@ def _policy() -> Any:
     return _STATE["policy"]
 
 
-def state_variables() -> list[tf.Variable]:
-    """The custom-loop loss-scale variables (created on first call)."""
+def _state() -> tuple[list[tf.Variable], Any]:
+    """The current strategy's custom-loop variables and floor alarm (made on first use)."""
+    strategy = tf.distribute.get_strategy()
     with _LOCK:
-        if _STATE["vars"] is None:
+        found = _STATE["states"].get(strategy)
+        if found is None:
             with tf.init_scope():  # eager, outside any function being traced
                 initial = _policy().initial_state()
                 # ONLY_FIRST_REPLICA: under a strategy every replica computes the same new
                 # state (the finite flag is ANDed over replicas), and a replica-context write
                 # needs an aggregation.
-                _STATE["vars"] = [
+                variables = [
                     tf.Variable(
                         value,
                         trainable=False,
@@ -112,8 +121,18 @@ def state_variables() -> list[tf.Variable]:
                 ]
                 from tf_amp.optimizers._host_floor_alarm import HostFloorAlarm
 
-                _STATE["alarm"] = HostFloorAlarm()
-        return _STATE["vars"]
+                found = _STATE["states"][strategy] = (variables, HostFloorAlarm())
+        return found
+
+
+def state_variables() -> list[tf.Variable]:
+    """The custom-loop loss-scale variables of the current strategy (made on first call)."""
+    return _state()[0]
+
+
+def made_any_state() -> bool:
+    """Whether a custom loop has made loss-scale variables under any strategy."""
+    return len(_STATE["states"]) > 0
 
 
 def check_skips() -> None:
@@ -121,13 +140,11 @@ def check_skips() -> None:
     host, as a wrapper's ``check_skips()`` says them: such a step can neither print nor
     assert. ``LossScaleCallback`` calls this for a model whose optimizer applies through this
     path. Costs nothing until such a step was traced."""
-    alarm = _STATE["alarm"]
-    if alarm is None:
-        return
     from tf_amp.optimizers import _common
 
-    with alarm.lock:
-        alarm.check(_policy(), _common.FLOOR_WARNING_SKIPS, None)
+    for _, alarm in list(_STATE["states"].values()):
+        with alarm.lock:
+            alarm.check(_policy(), _common.FLOOR_WARNING_SKIPS, None)
 
 
 STATE_NAME = "tf_amp_auto_loss_scale"
@@ -183,15 +200,27 @@ def _recorded_by_a_tape(tape: Any) -> bool:
     return upstream_tf.could_possibly_record()
 
 
+def _pending(create: bool = False) -> list[tuple[list[Any], Any]] | None:
+    """This graph's and this thread's pending flags (None when none and not ``create``)."""
+    threads = _STATE["pending"].get(_graph_key())
+    if threads is None:
+        if not create:
+            return None
+        threads = _STATE["pending"].setdefault(_graph_key(), {})
+    if create:
+        return threads.setdefault(threading.get_ident(), [])
+    return threads.get(threading.get_ident())
+
+
 def _leave_pending(gradients: list[Any], finite: Any) -> None:
-    entries = _STATE["pending"].setdefault(_graph_key(), [])
+    entries = _pending(create=True)
     entries.append((gradients, finite))
     del entries[:-_MAX_PENDING]
 
 
 def _take_pending(grads: list[Any]) -> Any:
     """The finite flag for an ``apply`` of ``grads`` (None when no scaled call left one)."""
-    entries = _STATE["pending"].get(_graph_key())
+    entries = _pending()
     if not entries:
         return None
     given = {id(g) for g in grads if g is not None}
@@ -199,6 +228,8 @@ def _take_pending(grads: list[Any]) -> Any:
     chosen = chosen or [len(entries) - 1]
     flags = [entries[i][1] for i in chosen]
     del entries[: chosen[-1] + 1]
+    if not entries:  # a replica's thread ends with its step: leave no list behind for it
+        _STATE["pending"][_graph_key()].pop(threading.get_ident(), None)
     return flags[0] if len(flags) == 1 else tf.reduce_all(tf.stack(flags))
 
 
@@ -207,7 +238,7 @@ def _take_pending(grads: list[Any]) -> Any:
 def take_finite_flag(grads: list[Any]) -> Any:
     """The finite flag a scaled ``tape.gradient`` call left for ``grads`` in this graph (the
     latest one when they were transformed in between), or None when none is pending."""
-    if not _STATE["pending"].get(_graph_key()):
+    if not _pending():
         return None
     return _take_pending(list(grads))
 
@@ -289,7 +320,7 @@ def keras_apply_patch(original: Callable[..., Any]) -> Callable[..., Any]:
     """Keras ``BaseOptimizer.apply`` skipping the step when the last scaled gradients overflowed."""
 
     def apply(self: Any, grads: Any, trainable_variables: Any = None) -> Any:
-        if _STATE["pending"].get(_graph_key()):
+        if _pending():
             grads = list(grads)
             finite = _take_pending(grads)
         else:
@@ -305,6 +336,7 @@ def keras_apply_patch(original: Callable[..., Any]) -> Callable[..., Any]:
 
         from tf_amp.optimizers import _apply_or_skip, _common
 
+        state_vars, alarm = _state()
         # The same decision as tf_amp.LossScaleOptimizer: ANDed over replicas, one cond that
         # applies or skips and moves the scale, the floor alarm, and under MirroredStrategy
         # the cond in the cross-replica context (the inner apply all-reduces gradients).
@@ -314,10 +346,10 @@ def keras_apply_patch(original: Callable[..., Any]) -> Callable[..., Any]:
             grads,
             trainable_variables,
             _policy(),
-            state_variables(),
+            state_vars,
             floor_warning_skips=_common.FLOOR_WARNING_SKIPS,
             max_consecutive_skips=None,
-            events=_STATE["alarm"].events,
+            events=alarm.events,
         )
         return None
 
