@@ -192,3 +192,25 @@ def test_the_gradient_loops_and_branches_of_an_excluded_region_stay_float32():
         np.testing.assert_array_equal(got[0], want[0], err_msg=step.__name__)
         for g, expected in zip(got[1], want[1], strict=True):
             np.testing.assert_array_equal(g, expected, err_msg=step.__name__)
+
+
+def test_a_step_kept_float32_throughout_reports_nothing_converted():
+    """The loop's gradient replaces the forward While body by a "<body>_rewritten" copy; the
+    original stayed in the library, called by nothing, and was painted and counted: the
+    report said it converted nodes of a step that runs float32 throughout."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    sequences = tf.random.stateless_normal([4, 7, 5], seed=(5, 6))
+    lstm = keras.layers.LSTM(6)
+    lstm(sequences)
+
+    def step() -> tuple[tf.Tensor, list[tf.Tensor]]:
+        with tf.GradientTape() as tape, tf_amp.keep_float32():
+            loss = tf.reduce_sum(lstm(sequences) ** 2)
+        return loss, tape.gradient(loss, lstm.trainable_variables)
+
+    amp = tf_amp.function(step, config=RewriteConfig(target_dtype="float16"))
+    amp()
+    report = amp.reports[-1]
+    assert report.type_attrs_converted == 0 and report.nothing_to_do

@@ -113,6 +113,61 @@ def rename_library_functions(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDe
     return out
 
 
+def drop_uncalled_functions(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef:
+    """Returns ``graph_def`` without the library functions that nothing in it calls.
+
+    Why: a traced step's library keeps functions the graph no longer calls, such as the forward
+    ``While`` body that the loop's gradient replaced by a ``<body>_rewritten`` copy, and
+    bodies that inlining made redundant. Rewriting them costs time, and the "Converted X/Y"
+    line counted their nodes: twice the real count on an LSTM step, and conversions in a step
+    kept float32 throughout. The rebuilt function is called only through its main graph, so
+    what it does not reach never runs (a SavedModel, whose functions are called from outside
+    its main graph, never comes here). Gradient functions of kept functions are kept.
+    """
+    functions = {f.signature.name: f for f in graph_def.library.function}
+    if not functions:
+        return graph_def
+    gradient_of = {g.function_name: g.gradient_func for g in graph_def.library.gradient}
+    reached: set[str] = set()
+    pending = [name for node in graph_def.node for name in _callees(node, functions)]
+    while pending:
+        name = pending.pop()
+        if name in reached:
+            continue
+        reached.add(name)
+        pending.extend(c for node in functions[name].node_def for c in _callees(node, functions))
+        if gradient_of.get(name) in functions:
+            pending.append(gradient_of[name])
+    if len(reached) == len(functions):
+        return graph_def
+    out = graph_pb2.GraphDef()
+    out.CopyFrom(graph_def)
+    del out.library.function[:]
+    out.library.function.extend(f for f in graph_def.library.function
+                                if f.signature.name in reached)
+    del out.library.gradient[:]
+    out.library.gradient.extend(g for g in graph_def.library.gradient
+                                if g.function_name in reached)
+    return out
+
+
+def _callees(node: Any, functions: dict[str, Any]) -> list[str]:
+    """The library functions ``node`` calls: its op, or a function in its attrs (nested
+    function attrs included)."""
+    found = [node.op] if node.op in functions else []
+    pending = list(node.attr.values())
+    while pending:
+        attr = pending.pop()
+        if attr.HasField("func"):
+            found.append(attr.func.name)
+            pending.extend(attr.func.attr.values())
+        elif attr.HasField("list"):
+            for func in attr.list.func:
+                found.append(func.name)
+                pending.extend(func.attr.values())
+    return [name for name in found if name in functions]
+
+
 def _rename_in_node(node, mapping: dict[str, str]) -> None:
     if node.op in mapping:
         node.op = mapping[node.op]

@@ -70,6 +70,7 @@ def rebuild_concrete_function(
     excluded = excluded_node_names(graph_def, exclude_scopes)
     graph_def = _graphdef.inline_library(graph_def, keep)
     mark_nodes_made_from(graph_def, excluded)  # what inlining and lowering made of them
+    graph_def = _graphdef.drop_uncalled_functions(graph_def)
     with _graphdef.naming_graph(graph.name):
         graph_def = rewrite(graph_def, frozenset(fetched))
     graph_def = _graphdef.strip_nodes(graph_def, placeholder_names)
