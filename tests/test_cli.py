@@ -333,6 +333,32 @@ def test_graph_def_outputs_keep_float32_without_preserve(tmp_path: Path) -> None
         assert logits.dtype == tf.float32
 
 
+def test_a_guessed_output_set_names_the_nodes_that_changed_type(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Logits read by a softmax are no output by the guess (nodes nothing reads): fetched, they
+    came back float16 without a word. The nodes that changed type are named, with the flags
+    that keep them; with ``--preserve`` nothing is guessed and nothing is said."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [4, 8], name="x")
+        w = tf.constant(np.ones((8, 8), np.float32), name="w")
+        logits = tf.identity(tf.matmul(x, w, name="mm"), name="logits")
+        tf.nn.softmax(logits, name="probs")
+    source, target = tmp_path / "frozen.pb", tmp_path / "amp.pb"
+    cli.write_graph_def(graph.as_graph_def(), str(source))
+    assert cli.main(["rewrite", str(source), str(target), "--target-dtype", "float16"]) == 0
+    said = capsys.readouterr().err
+    assert "1 output(s) nothing reads (probs)" in said
+    assert "changed type (logits, mm)" in said and "--preserve NAME" in said
+    argv = ["rewrite", str(source), str(target), "--target-dtype", "float16",
+            "--preserve", "logits,probs"]
+    assert cli.main(argv) == 0
+    assert "changed type" not in capsys.readouterr().err
+    nodes = {n.name: n for n in cli.read_graph_def(str(target)).node}
+    assert nodes["logits"].attr["T"].type == tf.float32.as_datatype_enum
+
+
 def test_preserve_naming_a_node_the_graph_lacks_is_an_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import sys
 from typing import Any
 
 from tf_amp.cli.graph_files import check_preserved, read_graph_def, write_graph_def
@@ -99,19 +100,45 @@ def rewrite_graph_def_file(source: str, target: str, config: Any) -> Any:
     """Rewrites one GraphDef file; returns the report.
 
     A GraphDef names no fetches, so without ``--preserve`` its outputs (the nodes nothing
-    reads: a frozen model's logits, say) are preserved: whoever runs the file fetches them by
-    name and expects the dtype they had.
+    reads: a frozen model's probabilities, say) are preserved: whoever runs the file fetches
+    them by name and expects the dtype they had. A fetched node that another node reads too
+    (logits read by a softmax) cannot be told from any other: the nodes whose dtype changed
+    are named, with what to pass to keep them.
     """
     from tf_amp.rewriter import rewrite_graph_def
 
     graph_def = read_graph_def(source)
+    guessed = not config.preserve_nodes and not config.preserve_names
     if not config.preserve_nodes:
         config = config.replace(preserve_nodes=_outputs(graph_def))
     else:
         check_preserved(graph_def, config.preserve_nodes, source)
     result = rewrite_graph_def(graph_def, config)
     write_graph_def(result.graph_def, target)
+    if guessed and result.report.changed:
+        _say_what_changed_dtype(graph_def, result.graph_def, config.preserve_nodes)
     return result.report
+
+
+def _say_what_changed_dtype(before: Any, after: Any, kept: frozenset[str]) -> None:
+    """Names the nodes whose type attributes changed, when the outputs were guessed."""
+
+    def type_attrs(graph_def: Any) -> dict[str, dict[str, int]]:
+        return {n.name: {k: v.type for k, v in n.attr.items() if v.type}
+                for n in graph_def.node if n.op != "Const"}  # a folded constant is no output
+
+    old, new = type_attrs(before), type_attrs(after)
+    changed = sorted(name for name, types in old.items() if name in new and new[name] != types)
+    if not changed:
+        return
+    shown = ", ".join(changed[:8]) + (f" and {len(changed) - 8} more" if len(changed) > 8 else "")
+    print(
+        f"kept float32: {len(kept)} output(s) nothing reads ({', '.join(sorted(kept)[:8])}); "
+        f"{len(changed)} node(s) changed type ({shown}): fetch one of them, and it comes back "
+        "in the target; --preserve NAME,... keeps the nodes you fetch, --preserve-names every "
+        "tensor's dtype",
+        file=sys.stderr,
+    )
 
 
 def _outputs(graph_def: Any) -> frozenset[str]:
