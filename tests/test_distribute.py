@@ -330,6 +330,70 @@ def test_env_custom_loop_under_mirrored_strategy_skips_on_every_replica(aggregat
     check_env_custom_loop(facts_from(run_script(source, {}), TIMEOUT))
 
 
+REDUCED_OUTSIDE_THE_REPLICAS = textwrap.dedent(
+    """
+    import contextlib, json, os
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import numpy as np
+    import tensorflow as tf
+    {setup}
+    import keras
+    import tf_amp
+    from tf_amp.runtime import activation, auto_loss_scale
+    from tf_amp.runtime.activation import Settings
+
+    # Gradients computed in strategy.run, reduced, and applied outside it (no scope).
+    explicit = {explicit}
+    env = activation.activated(Settings(graph_rewrite=False, loss_scaling=True))
+    with contextlib.nullcontext() if explicit else env:
+        with strategy.scope():
+            keras.utils.set_random_seed(0)
+            model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+            inner = keras.optimizers.SGD(0.1)
+            opt = tf_amp.LossScaleOptimizer(inner) if explicit else inner
+        x = tf.constant(np.linspace(-1, 1, 16, dtype=np.float32).reshape(4, 4))
+
+        @tf.function
+        def step(bad):
+            def replica_fn():
+                with tf.GradientTape() as tape:
+                    loss = tf.reduce_mean(tf.square(model(x) - 1.0)) * tf.where(bad, np.inf, 1.0)
+                    if explicit:
+                        loss = opt.scale_loss(loss)
+                return tape.gradient(loss, model.trainable_variables)
+
+            grads = [strategy.reduce("MEAN", g, axis=None) for g in strategy.run(replica_fn)]
+            opt.apply_gradients(zip(grads, model.trainable_variables))
+
+        rows = []
+        for bad in [False, True]:
+            step(tf.constant(bad))
+            with strategy.scope():
+                scale = opt.loss_scale if explicit else auto_loss_scale.current_state().scale
+            rows.append({{
+                "finite": bool(np.isfinite(model.layers[0].kernel.numpy()).all()),
+                "iterations": int(opt.iterations.numpy()),
+                "scale": float(scale),
+            }})
+    print(json.dumps({{"rows": rows}}))
+    """
+)
+
+
+@pytest.mark.parametrize("explicit", [False, True], ids=["environment", "wrapper"])
+def test_gradients_reduced_and_applied_outside_the_replicas_skip_an_inf_step(explicit):
+    """``strategy.run`` returns the gradients, ``strategy.reduce`` sums them and the apply runs
+    outside the scope. The environment's apply found no flag of its own thread and applied
+    the inf; and the skip cond, kept as one function call outside a strategy's scope, could
+    not place the mirrored variables ("incompatible assigned devices"), the wrapper's too."""
+    source = REDUCED_OUTSIDE_THE_REPLICAS.format(setup=MIRRORED_SETUP, explicit=explicit)
+    rows = facts_from(run_script(source, {}), TIMEOUT)["rows"]
+    assert rows == [
+        {"finite": True, "iterations": 1, "scale": 2.0**15},
+        {"finite": True, "iterations": 1, "scale": 2.0**14},
+    ]
+
+
 ENV_LOOPS_UNDER_SEVERAL_STRATEGIES = textwrap.dedent(
     """
     import json, os

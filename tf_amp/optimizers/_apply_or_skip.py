@@ -55,6 +55,7 @@ def apply_or_skip(
     floor_warning_skips: int,
     max_consecutive_skips: int | None,
     events: FloorEvents | None = None,
+    distributed: bool = False,
 ) -> tf.Tensor:
     """One ``tf.cond``: apply the inner optimizer and ``after_finite``, or ``after_skip``.
 
@@ -64,6 +65,7 @@ def apply_or_skip(
     update and a few scalar ops, and the cond captures no extra tensors. Every write waits for
     every read, which orders them even in a TF1 graph (no automatic control dependencies).
     Returns the cond's boolean output (true when applied) to hang dependencies on.
+    ``distributed``: the inner update writes a strategy's variables (the cond stays lowered).
     """
 
     def write(state: LossScaleState, new: LossScaleState) -> list[Any]:
@@ -98,8 +100,20 @@ def apply_or_skip(
 
     with _global_graph_as_outer_context(), _branch_items_kept_out_of_collections():
         applied = tf.cond(finite, on_finite, on_skip)
-    _keep_as_function_call(applied)
+    if not distributed:
+        _keep_as_function_call(applied)
     return applied
+
+
+def any_distributed(variables: Sequence[Any]) -> bool:
+    """Whether a variable of ``variables`` (Keras's or TensorFlow's) is a strategy's: applied
+    outside the strategy's scope (gradients reduced after ``strategy.run``), its cond must be
+    lowered all the same, or its components' devices cannot be placed."""
+    distributed = tf.distribute.DistributedValues
+    return any(
+        isinstance(v, distributed) or isinstance(getattr(v, "_value", None), distributed)
+        for v in variables
+    )
 
 
 @contextlib.contextmanager
@@ -163,8 +177,9 @@ def _keep_as_function_call(cond_output: tf.Tensor) -> None:
     op = cond_output.op
     if op.type == "Identity" and op.inputs:
         op = op.inputs[0].op
-    if op.type in ("If", "StatelessIf"):
-        op._set_attr("_lower_using_switch_merge", attr_value_pb2.AttrValue(b=False))
+    if op.type not in ("If", "StatelessIf"):
+        return
+    op._set_attr("_lower_using_switch_merge", attr_value_pb2.AttrValue(b=False))
 
 
 class KeepWhole:
@@ -204,6 +219,7 @@ def apply_if_finite(
     output, or None on the ``merge_call`` path (nothing to depend on in the replica context).
     """
     if strategy_supports_no_merge_call():
+        written = variables.value if isinstance(variables, KeepWhole) else variables
         return apply_or_skip(
             finite,
             lambda: inner_apply(grads, variables),
@@ -212,6 +228,7 @@ def apply_if_finite(
             floor_warning_skips,
             max_consecutive_skips,
             events,
+            distributed=any_distributed([*(written or ()), *state_variables]),
         )
 
     def cross_replica(distribution: Any, finite: Any, grads: Any, variables: Any) -> None:

@@ -55,6 +55,7 @@ Checkpointing limits (no clean way exists in these cases):
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import weakref
@@ -99,13 +100,21 @@ def _policy() -> Any:
     return _STATE["policy"]
 
 
-def _state() -> tuple[list[tf.Variable], Any]:
-    """The current strategy's custom-loop variables and floor alarm (made on first use)."""
-    strategy = tf.distribute.get_strategy()
+def _state(strategy: Any = None) -> tuple[list[tf.Variable], Any]:
+    """A strategy's custom-loop variables and floor alarm (made on first use): ``strategy``'s,
+    else the current one's. An optimizer names its own: gradients reduced after
+    ``strategy.run`` are applied outside the strategy's scope, with the scale its replicas
+    used."""
+    strategy = strategy or tf.distribute.get_strategy()
     with _LOCK:
         found = _STATE["states"].get(strategy)
         if found is None:
-            with tf.init_scope():  # eager, outside any function being traced
+            in_scope = (  # made as the strategy's own variables, wherever first asked for
+                strategy.scope()
+                if tf.distribute.get_strategy() is not strategy
+                else contextlib.nullcontext()
+            )
+            with tf.init_scope(), in_scope:  # eager, outside any function being traced
                 initial = _policy().initial_state()
                 # ONLY_FIRST_REPLICA: under a strategy every replica computes the same new
                 # state (the finite flag is ANDed over replicas), and a replica-context write
@@ -125,9 +134,15 @@ def _state() -> tuple[list[tf.Variable], Any]:
         return found
 
 
-def state_variables() -> list[tf.Variable]:
-    """The custom-loop loss-scale variables of the current strategy (made on first call)."""
-    return _state()[0]
+def state_variables(strategy: Any = None) -> list[tf.Variable]:
+    """The custom-loop loss-scale variables of ``strategy`` (default: the current one), made
+    on first call."""
+    return _state(strategy)[0]
+
+
+def optimizer_strategy(optimizer: Any) -> Any:
+    """The strategy an optimizer was made under (Keras and tf_keras keep it), or None."""
+    return getattr(optimizer, "_distribution_strategy", None)
 
 
 def made_any_state() -> bool:
@@ -163,7 +178,7 @@ def attach_state(optimizer: Any) -> None:
     tracking is used, not Keras's: ``optimizer.variables`` and Keras ``.keras`` files are
     unchanged, so a file saved under the environment variable still loads without it.
     """
-    variables = state_variables()
+    variables = state_variables(optimizer_strategy(optimizer))
     if optimizer.__dict__.get("_tf_amp_auto_state") is variables:
         return
     from tf_amp.loss_scale import LossScaleState
@@ -200,36 +215,69 @@ def _recorded_by_a_tape(tape: Any) -> bool:
     return upstream_tf.could_possibly_record()
 
 
-def _pending(create: bool = False) -> list[tuple[list[Any], Any]] | None:
-    """This graph's and this thread's pending flags (None when none and not ``create``)."""
+def _threads() -> dict[int, list[tuple[list[Any], Any]]]:
+    """This graph's pending flags, per thread (made empty on first use)."""
+    return _STATE["pending"].setdefault(_graph_key(), {})
+
+
+def _pending() -> bool:
+    """Whether an ``apply`` here has a flag to take: this thread's, or, outside a replica,
+    any replica thread's (gradients computed in ``strategy.run``, reduced and applied outside
+    it)."""
     threads = _STATE["pending"].get(_graph_key())
-    if threads is None:
-        if not create:
-            return None
-        threads = _STATE["pending"].setdefault(_graph_key(), {})
-    if create:
-        return threads.setdefault(threading.get_ident(), [])
-    return threads.get(threading.get_ident())
+    if not threads:
+        return False
+    if threads.get(threading.get_ident()):
+        return True
+    return _outside_replicas() and any(threads.values())
+
+
+def _outside_replicas() -> bool:
+    """True unless this thread runs a replica of a strategy (inside ``strategy.run``)."""
+    return not tf.distribute.has_strategy() or tf.distribute.in_cross_replica_context()
 
 
 def _leave_pending(gradients: list[Any], finite: Any) -> None:
-    entries = _pending(create=True)
+    threads = _threads()
+    entries = threads.setdefault(threading.get_ident(), [])
     entries.append((gradients, finite))
     del entries[:-_MAX_PENDING]
+    if len(threads) > _MAX_PENDING:  # threads that never applied (a reused id inherits none)
+        for stale in list(threads)[: len(threads) - _MAX_PENDING]:
+            del threads[stale]
 
 
 def _take_pending(grads: list[Any]) -> Any:
-    """The finite flag for an ``apply`` of ``grads`` (None when no scaled call left one)."""
-    entries = _pending()
-    if not entries:
+    """The finite flag for an ``apply`` of ``grads`` (None when no scaled call left one).
+
+    This thread's flags: those left with ``grads`` (or the latest, when they were changed in
+    between). With none, outside the replicas: every replica thread's flags, ANDed, since the
+    gradients applied there were reduced from all of them.
+    """
+    threads = _STATE["pending"].get(_graph_key())
+    if not threads:
         return None
+    me = threading.get_ident()
+    entries = threads.get(me)
+    if not entries:
+        if not _outside_replicas():
+            return None
+        flags = [finite for listed in threads.values() for _, finite in listed]
+        threads.clear()
+        return _all_of(flags)
     given = {id(g) for g in grads if g is not None}
     chosen = [i for i, (ts, _) in enumerate(entries) if any(id(t) in given for t in ts)]
     chosen = chosen or [len(entries) - 1]
     flags = [entries[i][1] for i in chosen]
     del entries[: chosen[-1] + 1]
     if not entries:  # a replica's thread ends with its step: leave no list behind for it
-        _STATE["pending"][_graph_key()].pop(threading.get_ident(), None)
+        del threads[me]
+    return _all_of(flags)
+
+
+def _all_of(flags: list[Any]) -> Any:
+    if not flags:
+        return None
     return flags[0] if len(flags) == 1 else tf.reduce_all(tf.stack(flags))
 
 
@@ -336,7 +384,7 @@ def keras_apply_patch(original: Callable[..., Any]) -> Callable[..., Any]:
 
         from tf_amp.optimizers import _apply_or_skip, _common
 
-        state_vars, alarm = _state()
+        state_vars, alarm = _state(optimizer_strategy(self))
         # The same decision as tf_amp.LossScaleOptimizer: ANDed over replicas, one cond that
         # applies or skips and moves the scale, the floor alarm, and under MirroredStrategy
         # the cond in the cross-replica context (the inner apply all-reduces gradients).

@@ -149,7 +149,7 @@ def apply_gradients_patch(original: Callable[..., Any]) -> Callable[..., Any]:
             [g for g, _ in pairs],
             KeepWhole(variables),
             auto_loss_scale.policy(),
-            auto_loss_scale.state_variables(),
+            auto_loss_scale.state_variables(auto_loss_scale.optimizer_strategy(self)),
             floor_warning_skips=_common.FLOOR_WARNING_SKIPS,
             max_consecutive_skips=None,
         )
