@@ -33,7 +33,7 @@ BOOTSTRAP = textwrap.dedent(
     site.addsitedir(sys.argv[1]); sys.argv = sys.argv[2:]
     runpy.run_path(sys.argv[0], run_name="__main__")
     auto = sys.modules.get("tf_amp.runtime.auto_loss_scale")
-    variables = auto and auto._STATE["vars"]
+    variables = auto and auto.made_any_state() and auto.state_variables()
     if variables:
         scale, skipped = float(variables[0].numpy()), int(variables[2].numpy())
         print("auto loss scale:", scale, "skipped:", skipped)

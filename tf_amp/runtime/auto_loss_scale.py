@@ -70,24 +70,29 @@ from tf_amp._upstream import tensorflow as upstream_tf
 _LOG = logging.getLogger("tf_amp")
 _LOCK = threading.Lock()
 _STATE: dict[str, Any] = {
-    # strategy -> (its loss-scale variables, the HostFloorAlarm of steps XLA compiled): a
-    # variable made under one strategy (a MirroredVariable) cannot serve another, and a loop
-    # under a second strategy, or none, failed ("Mixing different tf.distribute.Strategy
-    # objects"). The default strategy is one of the keys.
-    "states": weakref.WeakKeyDictionary(),
+    # The strategies holding a state (under _STATE_KEY in their __dict__: the variables and
+    # the HostFloorAlarm of steps XLA compiled). A variable made under one strategy (a
+    # MirroredVariable) cannot serve another, and a loop under a second strategy, or none,
+    # failed ("Mixing different tf.distribute.Strategy objects"). The default strategy is one
+    # of them. Kept on the strategy, not in a dict keyed by it: its variables refer to it, so
+    # a dict entry would keep it alive for good.
+    "strategies": weakref.WeakSet(),
     "policy": None,
     # graph -> {thread: [(gradients returned, finite flag)]}: a strategy runs each replica in
     # a thread of its own, in one graph, and they meet at an all-reduce between tape.gradient
     # and apply; one list per graph handed replica 1's flag to replica 0's apply.
     "pending": weakref.WeakKeyDictionary(),
 }
+_STATE_KEY = "_tf_amp_auto_loss_scale"  # a strategy's state, in its __dict__
 _MAX_PENDING = 16  # flags kept per graph (eager: gradient calls that no apply follows)
 
 
 def reset() -> None:
     """Forgets the custom-loop scale state (called on deactivation)."""
     with _LOCK:
-        _STATE["states"] = weakref.WeakKeyDictionary()
+        for strategy in list(_STATE["strategies"]):
+            strategy.__dict__.pop(_STATE_KEY, None)
+        _STATE["strategies"] = weakref.WeakSet()
         _STATE["policy"] = None
         _STATE["pending"] = weakref.WeakKeyDictionary()
 
@@ -107,7 +112,7 @@ def _state(strategy: Any = None) -> tuple[list[tf.Variable], Any]:
     used."""
     strategy = strategy or tf.distribute.get_strategy()
     with _LOCK:
-        found = _STATE["states"].get(strategy)
+        found = strategy.__dict__.get(_STATE_KEY)
         if found is None:
             in_scope = (  # made as the strategy's own variables, wherever first asked for
                 strategy.scope()
@@ -130,7 +135,8 @@ def _state(strategy: Any = None) -> tuple[list[tf.Variable], Any]:
                 ]
                 from tf_amp.optimizers._host_floor_alarm import HostFloorAlarm
 
-                found = _STATE["states"][strategy] = (variables, HostFloorAlarm())
+                found = strategy.__dict__[_STATE_KEY] = (variables, HostFloorAlarm())
+                _STATE["strategies"].add(strategy)
         return found
 
 
@@ -147,7 +153,13 @@ def optimizer_strategy(optimizer: Any) -> Any:
 
 def made_any_state() -> bool:
     """Whether a custom loop has made loss-scale variables under any strategy."""
-    return len(_STATE["states"]) > 0
+    return len(_STATE["strategies"]) > 0
+
+
+def _all_states() -> list[tuple[list[tf.Variable], Any]]:
+    with _LOCK:
+        return [s.__dict__[_STATE_KEY] for s in list(_STATE["strategies"])
+                if _STATE_KEY in s.__dict__]
 
 
 def check_skips() -> None:
@@ -157,7 +169,7 @@ def check_skips() -> None:
     path. Costs nothing until such a step was traced."""
     from tf_amp.optimizers import _common
 
-    for _, alarm in list(_STATE["states"].values()):
+    for _, alarm in _all_states():
         with alarm.lock:
             alarm.check(_policy(), _common.FLOOR_WARNING_SKIPS, None)
 
