@@ -114,7 +114,7 @@ def test_a_constant_beyond_the_targets_range_is_folded_to_a_finite_sentinel(targ
         target_dtype=target, preserve_nodes=frozenset({"x", "out"})))
     (node,) = [n for n in result.graph_def.node if n.name == "big"]
     value = tf.make_ndarray(node.attr["value"].tensor).astype(np.float32)
-    largest = {"float16": 32752.0, "bfloat16": 1e9}[target]  # half of 65504; 1e9 fits bfloat16
+    largest = {"float16": 65504.0, "bfloat16": 1e9}[target]  # 1e9 fits in bfloat16
     if node.attr["dtype"].type == tf.as_dtype(target).as_datatype_enum:
         np.testing.assert_allclose(value[:2], [-largest, largest], rtol=1e-2)
         assert value[2] == -np.inf and value[3] == 3.0
@@ -165,6 +165,20 @@ def test_a_folded_additive_mask_leaves_room_for_the_logits_it_is_added_to() -> N
     assert amp.reports[-1].consts_folded >= 1  # the mask was folded, not cast
     np.testing.assert_allclose(got, want, atol=1e-3)
     np.testing.assert_allclose(got[0], 0.25)
+
+
+def test_a_folded_bound_beyond_range_keeps_the_whole_range() -> None:
+    # A sentinel used as a bound, not added: clipped to half the range, it cut every value
+    # between 32752 and 65504 (the sum below came out 131008, not 160000).
+    x = np.full((4, 8), 100.0, np.float32)
+    w = np.full((8, 4), 50.0, np.float32)  # every product: 40000
+
+    def bounded(x: tf.Tensor, w: tf.Tensor) -> tf.Tensor:
+        return tf.reduce_sum(tf.minimum(tf.matmul(x, w), tf.constant(1e5)))
+
+    amp = tf_amp.function(bounded, config=RewriteConfig(target_dtype="float16"))
+    assert float(amp(x, w)) == float(tf.function(bounded)(x, w)) == 640000.0
+    assert amp.reports[-1].consts_folded >= 1
 
 
 def _imported(graph_def: graph_pb2.GraphDef) -> tf.Graph:

@@ -22,7 +22,11 @@ from tf_amp.cast_planner.cast_nodes import (
     graph_ref,
     suffix,
 )
-from tf_amp.cast_planner.const_folding import fold_consts_in_place, saturated_half_copy
+from tf_amp.cast_planner.const_folding import (
+    SUM_OPS,
+    fold_consts_in_place,
+    saturated_half_copy,
+)
 from tf_amp.painter import ALLOW_C, Painting
 from tf_amp.type_attrs import (
     DT_FLOAT,
@@ -233,13 +237,22 @@ class _BodyPlanner:
         view = self.view
         if not self.fold_constant_casts or s >= view.num_real:
             return None
-        copy = saturated_half_copy(view.protos[s], self.target)
+        copy = saturated_half_copy(view.protos[s], self.target, lambda: self._added(s))
         if copy is None:
             return None
         copy.name = self.names.fresh(f"{view.names[s]}-0-CastTo{suffix(self.target)}-tf_amp")
         self.new_nodes.add().CopyFrom(copy)
         self.plan.consts_folded += 1
         return f"{copy.name}:output:0" if view.is_function else copy.name
+
+    def _added(self, s: int) -> bool:
+        """Whether a sum reads node ``s`` (one sweep of the edges: asked only for a Const
+        beyond the target's range)."""
+        view = self.view
+        return any(
+            src == s and view.ops[dst] in SUM_OPS
+            for src, dst in zip(view.e_src, view.e_dst, strict=True)
+        )
 
     def _add_cast(self, s: int, p: int, src_text: str, to_half: bool) -> str:
         """Adds the Cast of output ``p`` of node ``s``; returns the input string that reads it."""
