@@ -257,7 +257,10 @@ def default_rewrite(config=None, reports: list | None = None, **forced: Any) -> 
         effective = base.replace(
             preserve_nodes=frozenset(base.preserve_nodes) | set(keep), **forced
         )
-        result = rewrite_graph_def(graph_def, effective, graph_name=_GRAPH_NAME.get())
+        # A graph TensorFlow built (traced, or a Session's), so no cycle to look for.
+        result = rewrite_graph_def(
+            graph_def, effective, graph_name=_GRAPH_NAME.get(), built_by_tensorflow=True
+        )
         if reports is not None:
             reports.append(result.report)
         return result.graph_def

@@ -37,11 +37,13 @@ def build_body_view(
     functions: dict[str, OpInfo],
     fdef: Any = None,
     columns: NodeColumns | None = None,
+    check_cycles: bool = True,
 ) -> BodyView:
     """Index one body. ``nodes`` are the (already copied) NodeDefs; ``fdef`` is the
     FunctionDef when the body is a function (its signature supplies ``_Arg``/``_Retval``).
     ``columns``, when given, is ``read_node_columns(nodes)`` (taken over, not copied), so
-    the protos are swept once.
+    the protos are swept once. ``check_cycles=False`` skips step 5, for graphs TensorFlow
+    built.
 
     Raises GraphRewriteError for duplicate names, dangling inputs, wrong input arity and a
     data cycle that does not pass through a ``NextIteration``.
@@ -77,7 +79,8 @@ def build_body_view(
     add_data_edges(view, real_ids, resolve)
     if fdef is not None:
         _add_retval_nodes(view, fdef, resolve)
-    _refuse_cycles(view)
+    if check_cycles:
+        _refuse_cycles(view)
     return view
 
 
