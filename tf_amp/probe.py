@@ -163,7 +163,7 @@ def probe_graph(
             candidate = _candidate(op)
             if isinstance(candidate, str):
                 skipped.setdefault(candidate, []).append(op.name)
-            else:
+            elif candidate is not None:
                 groups.setdefault(candidate.signature, []).append(candidate)
         elif op.type in functions or op.type in _CALL_OPS:
             skipped.setdefault(_IN_A_FUNCTION, []).append(op.name)
@@ -378,8 +378,8 @@ _UNKNOWN_SHAPE = (
 )
 
 
-def _candidate(op: tf.Operation) -> _Candidate | str:
-    """What to time for ``op``, or why it cannot be timed alone."""
+def _candidate(op: tf.Operation) -> _Candidate | str | None:
+    """What to time for ``op``, or why it cannot be timed alone (None: nothing to time)."""
     float_inputs, constants, shapes = [], {}, []
     for i, tensor in enumerate(op.inputs):
         if tensor.dtype == tf.float32:
@@ -396,7 +396,7 @@ def _candidate(op: tf.Operation) -> _Candidate | str:
                 return "a non-float input is not a constant"
             constants[i] = np.asarray(value)
     if not float_inputs:
-        return "it has no float32 input"
+        return None  # integer arithmetic (shapes, indices): nothing the rewrite would convert
     node = op.node_def
     attrs = sorted(
         (k, v.SerializeToString(deterministic=True))

@@ -122,7 +122,9 @@ def _calls_a_function(library: dict[str, Any], name: str) -> bool:
         for node in fdef.node_def:
             if node.op in _CALL_OPS or node.op in library:
                 return True
-            todo.extend(v.func.name for v in node.attr.values() if v.func.name)
+            for value in node.attr.values():  # If / While bodies; Case's branches in a list
+                todo.extend([value.func.name] if value.func.name else
+                            [f.name for f in value.list.func])
     return False
 
 
