@@ -23,7 +23,8 @@ import tensorflow as tf
 from keras.src.legacy.saving import legacy_h5_format
 from tensorflow.python.training import session_manager
 
-from tests.e2e_helpers import half_ops
+from tests.e2e_helpers import half_ops, half_ops_of_functions
+from tf_amp._upstream import keras as upstream_keras
 from tf_amp.hardware import TargetChoice
 from tf_amp.runtime import activation, auto_loss_scale
 from tf_amp.runtime.activation import (
@@ -105,6 +106,8 @@ def _patched_attributes() -> list[tuple[Any, str]]:
         (tf.compat.v1.train.Saver, "__init__"),
         (tf.compat.v1.train.Saver, "restore"),
         (keras.Model, "compile"),
+        *((upstream_keras.TensorFlowTrainer, name) for name in (
+            "make_train_function", "make_test_function", "make_predict_function")),
         (keras.optimizers.Optimizer, "apply"),
         (keras.optimizers.LossScaleOptimizer, "scale_loss"),
         (keras.optimizers.Optimizer, "scale_loss"),
@@ -197,6 +200,20 @@ def test_user_modules_still_export_to_saved_model(tmp_path: Path) -> None:
         tf.saved_model.save(net, str(tmp_path / "model"))
     loaded = tf.saved_model.load(str(tmp_path / "model"))
     np.testing.assert_allclose(loaded(tf.ones((2, 8))).numpy(), out.numpy())
+
+
+def test_an_uncompiled_models_predict_is_rewritten() -> None:
+    """The environment hooked a Keras 3 model at ``compile`` only: one built or loaded for
+    inference ran ``predict`` float32, in silence."""
+    from tf_amp.runtime import keras_fit
+
+    with activation.activated():
+        model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(8)])
+        out = model.predict(np.ones((4, 16), np.float32), verbose=0)
+        assert keras_fit.is_installed(model)
+        rewritten = keras_fit.rewritten_functions(model)["predict"].rewritten_concrete_functions()
+        assert "MatMul" in half_ops_of_functions(rewritten)
+    assert out.dtype == np.float32
 
 
 def test_keras_export_archive_writes_a_user_endpoint(tmp_path: Path) -> None:

@@ -250,6 +250,8 @@ def _patch_keras(keras: Any) -> None:
         from tf_amp.runtime import keras_fit
 
         keras_fit.acquire_compile_patch(ACTIVATION)  # one patch, shared with enable_...
+        if active.graph_rewrite:
+            keras_fit.acquire_builder_hooks(ACTIVATION)  # an uncompiled model's predict too
         if active.loss_scaling:
             from tf_amp._upstream import keras as upstream_keras
             from tf_amp.optimizers import _scaled_losses

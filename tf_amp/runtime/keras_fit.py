@@ -183,6 +183,15 @@ def install_compile_hook() -> None:
     """
     holder = _patches.ENABLE
     acquire_compile_patch(holder)
+    acquire_builder_hooks(holder)
+
+
+def acquire_builder_hooks(holder: str) -> None:
+    """Installs (or joins) the late hook of the three step builders for ``holder``.
+
+    The environment activation holds them too: a model it never saw compiled (built or loaded
+    for inference only) ran ``predict`` and ``evaluate`` float32, in silence.
+    """
     owner = upstream_keras.TensorFlowTrainer
     for name in _BUILDERS:
         _patches.REGISTRY.acquire(holder, owner, name, _LATE_HOOKS[name])
