@@ -1,8 +1,10 @@
 """A custom training loop in mixed precision with ``tf_amp.function``.
 
-``@tf_amp.function`` replaces ``@tf.function``: the traced step is rewritten to float16 and
-runs on the same variables. The optimizer from ``enable_mixed_precision_graph_rewrite`` scales
-the loss and skips steps whose gradients overflow::
+``@tf_amp.function`` replaces ``@tf.function``: the traced step is rewritten to the reduced
+precision that is fast here (float16 on a CUDA GPU, bfloat16 on a CPU with AMX-BF16 or
+AVX512-BF16; elsewhere it stays float32, and says why; ``TF_AMP_TARGET_DTYPE=float16`` forces
+one) and runs on the same variables. The optimizer from ``enable_mixed_precision_graph_rewrite``
+scales the loss and skips steps whose gradients overflow, where the target needs it (float16)::
 
     python examples/custom_loop.py
 

@@ -105,8 +105,9 @@ class RewriteConfig:
     """What to rewrite and how.
 
     Attributes:
-      target_dtype: "float16" (the default of this explicit, pure constructor), "bfloat16", or
-        "auto": the fastest reduced precision for the device the graph runs on
+      target_dtype: "float16" (the default of this explicit, pure constructor), "bfloat16",
+        "float32" (leaves the graph unchanged), or "auto": the fastest reduced precision for
+        the device the graph runs on
         (``tf_amp.hardware.choose_target``: float16 on a CUDA GPU, bfloat16 on a CPU with
         AMX-BF16 / AVX512-BF16, else "float32", which leaves the graph unchanged). Resolved
         at construction, so the field always holds the dtype used; ``from_env`` (what every
@@ -163,15 +164,17 @@ class RewriteConfig:
         test graph also fewer Casts), so less of the model on the Tensor Cores.
       guard_normalization: keep the two nodes of a batch/layer normalization whose half
         rounding cancels, ``x * inv`` and ``x * inv + (offset - mean * inv)``, in float32
-        (``tf_amp.painter.normalization_guard`` says why and what was measured); never at O3, which
-        asks for every op. None (the default) means: for float16, where it was measured
+        (``tf_amp.painter.normalization_guard`` says why and what was measured); never at O3
+        or ``UNSAFE_FORCE_ALL``, which ask for every op. None (the default) means: for
+        float16, where it was measured
         (closer to float32, and fewer Casts than TensorFlow's GPU pass on every test graph);
         not for bfloat16, whose reference is TensorFlow's oneDNN pass and where the guard
         adds Casts (keras_cnn: 15 to float32 against TensorFlow's 12) at a speed not yet
         measured on a CPU with AMX.
       guard_updates: keep float32 the arithmetic whose results serve only variable updates
         (an optimizer step, moving statistics; ``tf_amp.painter.update_guard`` says why),
-        as float32 master weights mean; never at O3. None (the default): for bfloat16,
+        as float32 master weights mean; never at O3 or ``UNSAFE_FORCE_ALL``. None (the
+        default): for bfloat16,
         where it was measured faster on a CPU (bfloat16 elementwise kernels are slower there
         than float32's, and each painted update cast its float32 state to bfloat16); not for
         float16, whose default is TensorFlow's GPU pass (its loss-scaled Keras steps unscale
@@ -179,13 +182,14 @@ class RewriteConfig:
       guard_losses: keep a Keras model's loss (Keras 3's compiled loss, tf_keras's ``Loss``
         objects) and its gradient float32, as Keras's mixed policies compute losses
         (``tf_amp.painter.loss_guard``: a clip bound of ``1 - 1e-7`` is 1.0 in 16 bits, and
-        ``binary_crossentropy`` on probabilities went NaN); never at O3. None (the default):
+        ``binary_crossentropy`` on probabilities went NaN); never at O3 or
+        ``UNSAFE_FORCE_ALL``. None (the default):
         on for both targets; ``False`` paints the loss as TensorFlow's pass does.
       select_before_cast: keep float32 the gathers and slices of a float32 weight table
         that only they read (an embedding lookup), so the Cast is of the rows they select,
         not of the whole table every step (``tf_amp.painter.table_selection``). Same bits
         either way, since a cast commutes with a selection; Keras's Embedding does the same.
-        On for every target; never at O3, which asks for every op.
+        On for every target; never at O3 or ``UNSAFE_FORCE_ALL``, which asks for every op.
     """
 
     target_dtype: str = "float16"

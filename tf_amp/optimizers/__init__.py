@@ -86,7 +86,8 @@ class LossScaleOptimizer(metaclass=_LossScaleOptimizerType):
         gen_opt, disc_opt = (tf_amp.LossScaleOptimizer(keras.optimizers.Adam()) for _ in "gd")
 
     Args:
-      inner: a Keras 3 optimizer or a ``tf.compat.v1.train.Optimizer``.
+      inner: a Keras 3 optimizer, a ``tf.compat.v1.train.Optimizer``, or a tf_keras one
+        (``tf_keras.optimizers.*`` or ``.legacy.*``).
       loss_scale: ``"dynamic"`` (default), a number for a static scale, or a
         ``tf_amp.LossScale``.
       **kwargs: ``enabled``, ``floor_warning_skips``, ``max_consecutive_skips``, ``name``.
