@@ -49,6 +49,7 @@ from tensorflow.core.framework import attr_value_pb2, graph_pb2, types_pb2
 import tf_amp.ops  # noqa: F401  (registers tf_amp's own op: a graph using it is not foreign)
 from tf_amp._upstream.tensorflow import op_def_registry, tensor_util
 from tf_amp.painter.kernel_support import kernel_takes
+from tf_amp.type_attrs.exclude import CALL_OPS
 from tf_amp.type_attrs.op_info import node_layout, registry_op_info
 
 INFER_SLOWDOWN = 1.5  # an infer op stays float32 only when this many times slower...
@@ -165,7 +166,7 @@ def probe_graph(
                 skipped.setdefault(candidate, []).append(op.name)
             elif candidate is not None:
                 groups.setdefault(candidate.signature, []).append(candidate)
-        elif op.type in functions or op.type in _CALL_OPS:
+        elif op.type in functions or op.type in CALL_OPS:
             skipped.setdefault(_IN_A_FUNCTION, []).append(op.name)
     timings = ProbeTimings(untimed=untimed)
     timings.untimed += [Untimed(tuple(names), why) for why, names in skipped.items()]
@@ -367,7 +368,6 @@ def _known_shape(tensor: tf.Tensor) -> tf.TensorShape:
         tf.TensorShape(recorded)) else shape
 
 
-_CALL_OPS = frozenset({"PartitionedCall", "StatefulPartitionedCall"})
 _IN_A_FUNCTION = (
     "a function call: the probe times the main graph's own ops, and the ops inside library "
     "functions (all of a TF2 SavedModel's) are painted by the lists alone"

@@ -22,6 +22,7 @@ from tensorflow.core.framework import attr_value_pb2, graph_pb2
 from tensorflow.core.protobuf import config_pb2, meta_graph_pb2, rewriter_config_pb2
 
 from tf_amp._upstream.tensorflow import tf_optimizer
+from tf_amp.type_attrs.exclude import CALL_OPS, called_functions
 
 _LOG = logging.getLogger("tf_amp")
 _UID = itertools.count()
@@ -43,7 +44,6 @@ def naming_graph(name: str) -> Iterator[None]:
 RewriteFn = Callable[[graph_pb2.GraphDef, frozenset], graph_pb2.GraphDef]
 
 
-_CALL_OPS = frozenset({"PartitionedCall", "StatefulPartitionedCall"})
 
 
 def has_function_calls(graph_def: graph_pb2.GraphDef) -> bool:
@@ -54,7 +54,7 @@ def has_function_calls(graph_def: graph_pb2.GraphDef) -> bool:
     skipping Grappler when nothing else needs inlining saves a large part of the rebuild time.
     """
     names = {f.signature.name for f in graph_def.library.function}
-    return any(node.op in _CALL_OPS or node.op in names for node in graph_def.node)
+    return any(node.op in CALL_OPS or node.op in names for node in graph_def.node)
 
 
 def grappler_request(
@@ -129,13 +129,15 @@ def drop_uncalled_functions(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef
         return graph_def
     gradient_of = {g.function_name: g.gradient_func for g in graph_def.library.gradient}
     reached: set[str] = set()
-    pending = [name for node in graph_def.node for name in _callees(node, functions)]
+    pending = [name for node in graph_def.node for name in called_functions(node, functions)]
     while pending:
         name = pending.pop()
         if name in reached:
             continue
         reached.add(name)
-        pending.extend(c for node in functions[name].node_def for c in _callees(node, functions))
+        pending.extend(
+            c for node in functions[name].node_def for c in called_functions(node, functions)
+        )
         if gradient_of.get(name) in functions:
             pending.append(gradient_of[name])
     if len(reached) == len(functions):
@@ -149,23 +151,6 @@ def drop_uncalled_functions(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef
     out.library.gradient.extend(g for g in graph_def.library.gradient
                                 if g.function_name in reached)
     return out
-
-
-def _callees(node: Any, functions: dict[str, Any]) -> list[str]:
-    """The library functions ``node`` calls: its op, or a function in its attrs (nested
-    function attrs included)."""
-    found = [node.op] if node.op in functions else []
-    pending = list(node.attr.values())
-    while pending:
-        attr = pending.pop()
-        if attr.HasField("func"):
-            found.append(attr.func.name)
-            pending.extend(attr.func.attr.values())
-        elif attr.HasField("list"):
-            for func in attr.list.func:
-                found.append(func.name)
-                pending.extend(func.attr.values())
-    return [name for name in found if name in functions]
 
 
 def _rename_in_node(node, mapping: dict[str, str]) -> None:

@@ -33,6 +33,7 @@ from tensorflow.core.framework import attr_value_pb2
 from tf_amp._upstream import tensorflow as upstream_tf
 from tf_amp.runtime import _graphdef
 from tf_amp.runtime._rebuild import rebuild_concrete_function
+from tf_amp.type_attrs.exclude import CALL_OPS
 
 __all__ = [
     "AmpFunction",
@@ -83,7 +84,6 @@ def _package_files() -> frozenset[str]:
 
 
 _LOOP_OPS = frozenset({"While", "StatelessWhile"})
-_CALL_OPS = frozenset({"PartitionedCall", "StatefulPartitionedCall"})
 
 
 def _why_outer_tapes_need_float32(graph: Any) -> str | None:
@@ -120,7 +120,7 @@ def _calls_a_function(library: dict[str, Any], name: str) -> bool:
             continue
         seen.add(fdef.signature.name)
         for node in fdef.node_def:
-            if node.op in _CALL_OPS or node.op in library:
+            if node.op in CALL_OPS or node.op in library:
                 return True
             for value in node.attr.values():  # If / While bodies; Case's branches in a list
                 todo.extend([value.func.name] if value.func.name else

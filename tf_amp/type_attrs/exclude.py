@@ -19,6 +19,8 @@ _FORWARD_FUNCTION = "forward_function_name"  # a tape's backward function's attr
 # later rewrite may paint but which excludes nothing else. One attr, so telling them apart
 # costs no second lookup per node.
 FLOAT32_VIEW = b"float32-view"
+# The ops that call a library function named in their ``f`` attr.
+CALL_OPS = frozenset({"PartitionedCall", "StatefulPartitionedCall"})
 # A gradient op's name: a tape's "gradient_tape/<forward op>/..." or tf.gradients'
 # "gradients[_N]/<forward op>_grad/..."
 _GRADIENT_PREFIX = re.compile(r"(?:gradient_tape|gradients(?:_\d+)?)/")
