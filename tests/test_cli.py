@@ -359,6 +359,20 @@ def test_a_guessed_output_set_names_the_nodes_that_changed_type(
     assert nodes["logits"].attr["T"].type == tf.float32.as_datatype_enum
 
 
+def test_an_exclude_scope_that_matches_no_node_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A mistyped scope kept nothing float32, in silence; a mistyped --preserve is an error."""
+    source, target = tmp_path / "in.pb", tmp_path / "out.pb"
+    cli.write_graph_def(_matmul_graph_def(), str(source))
+    argv = ["rewrite", str(source), str(target), "--target-dtype", "float16"]
+    assert cli.main([*argv, "--exclude-scope", "m", "--exclude-scope", "mm"]) == 0
+    said = capsys.readouterr().err
+    assert "--exclude-scope m matches no node" in said
+    assert "--exclude-scope mm matches" not in said
+    assert "MatMul" not in half_ops(cli.read_graph_def(str(target)))  # "mm" was kept
+
+
 def test_preserve_naming_a_node_the_graph_lacks_is_an_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -67,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
         reports = _rewrite(args, config)
     finally:
         logger.removeFilter(_not_a_report_line)
+    _say_unmatched_scopes(config.exclude_scopes, reports)
     if reports:
         print(f"target: {reports[0].target_dtype} ({reports[0].target_reason})")
     for i, report in enumerate(reports):
@@ -75,6 +76,21 @@ def run(args: argparse.Namespace) -> int:
         print(where + line)
     print(f"wrote {args.output}")
     return 0
+
+
+def _say_unmatched_scopes(scopes: tuple[str, ...], reports: list[Any]) -> None:
+    """Names each ``--exclude-scope`` that no node of any graph or function is under: a
+    mistyped scope (``dense_1`` for ``functional_1/dense_1``) kept nothing float32, silently,
+    where a mistyped ``--preserve`` name is an error."""
+    names = [name for report in reports for body in report.bodies for name in body.view.names]
+    if not names:  # nothing was painted (a float32 target, O0): nothing to match
+        return
+    for scope in scopes:
+        bare = scope.rstrip("/")
+        if bare and not any(n == bare or n.startswith(bare + "/") for n in names):
+            print(f"--exclude-scope {scope} matches no node: nothing is kept float32 for it "
+                  "(a scope is the node name's whole leading part, as in 'model/dense_1')",
+                  file=sys.stderr)
 
 
 def _rewrite(args: argparse.Namespace, config: Any) -> list[Any]:
