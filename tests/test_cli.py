@@ -242,6 +242,33 @@ def test_a_sparse_signature_output_of_a_tf1_saved_model_stays_float32(tmp_path: 
     np.testing.assert_allclose(served["amp"].values, served["fp32"].values, rtol=2e-2)
 
 
+def test_a_failed_rewrite_leaves_the_earlier_output_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """OUT was deleted before the copy: a copy that failed (a full disk) lost the earlier
+    output. The new one is written beside it and moved in only when complete."""
+    from tf_amp.cli import saved_model
+
+    source, target = tmp_path / "fp32", tmp_path / "amp"
+    _saved_model(source)
+    assert cli.main(["rewrite", str(source), str(target), "--target-dtype", "float16"]) == 0
+    before = (target / "saved_model.pb").read_bytes()
+
+    copytree = saved_model.shutil.copytree
+
+    def full_disk(*args: object, **kwargs: object) -> object:
+        monkeypatch.undo()  # copytree calls itself for subdirectories: only the top one fails
+        copytree(*args, **kwargs)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(saved_model.shutil, "copytree", full_disk)
+    assert cli.main(["rewrite", str(source), str(target), "--target-dtype", "float16"]) != 0
+    assert "No space left" in capsys.readouterr().err
+    assert (target / "saved_model.pb").read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["amp", "fp32"]  # no partial copy
+    assert tf.saved_model.load(str(target)).signatures["serving_default"] is not None
+
+
 def test_rewritten_saved_model_gets_its_own_fingerprint(tmp_path: Path) -> None:
     from tensorflow.core.protobuf import fingerprint_pb2
     from tensorflow.python.saved_model.pywrap_saved_model import fingerprinting

@@ -53,8 +53,11 @@ def rewrite_saved_model(source: str, target: str, config: Any) -> Any:
         result = rewrite_graph_def(meta_graph.graph_def, effective)
         meta_graph.graph_def.CopyFrom(result.graph_def)
         reports.append(result.report)
-    if os.path.exists(target):
-        shutil.rmtree(target)
+    # Written whole beside OUT, then moved in: an earlier output is replaced only by a
+    # complete one (a copy that fails leaves it as it was).
+    partial = os.path.normpath(target) + ".tf-amp-partial"
+    if os.path.exists(partial):
+        shutil.rmtree(partial)
     # fingerprint.pb describes the original saved_model.pb: it is made anew below. Only the
     # top level's: an asset may have either name.
     top = os.path.realpath(source)
@@ -64,15 +67,22 @@ def rewrite_saved_model(source: str, target: str, config: Any) -> Any:
             return set()
         return {"saved_model.pb", _FINGERPRINT} & set(names)
 
-    shutil.copytree(source, target, ignore=ignore)
-    with open(os.path.join(target, "saved_model.pb"), "wb") as f:
-        f.write(saved_model.SerializeToString(deterministic=True))  # as TensorFlow writes it
-    if os.path.exists(os.path.join(source, _FINGERPRINT)):
-        _write_fingerprint(target)
-    marker = os.path.join(target, _MARKER)
-    os.makedirs(os.path.dirname(marker), exist_ok=True)
-    with open(marker, "w", encoding="utf-8") as f:
-        json.dump({"rewritten_from": os.path.abspath(source), "tool": "tf-amp rewrite"}, f)
+    try:
+        shutil.copytree(source, partial, ignore=ignore)
+        with open(os.path.join(partial, "saved_model.pb"), "wb") as f:
+            f.write(saved_model.SerializeToString(deterministic=True))  # as TensorFlow does
+        if os.path.exists(os.path.join(source, _FINGERPRINT)):
+            _write_fingerprint(partial)
+        marker = os.path.join(partial, _MARKER)
+        os.makedirs(os.path.dirname(marker), exist_ok=True)
+        with open(marker, "w", encoding="utf-8") as f:
+            json.dump({"rewritten_from": os.path.abspath(source), "tool": "tf-amp rewrite"}, f)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    if os.path.exists(target):
+        shutil.rmtree(target)
+    os.replace(partial, target)
     return reports
 
 
