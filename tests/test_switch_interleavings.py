@@ -41,6 +41,10 @@ def _activation_keys() -> set[tuple[Any, str]]:
         (tf.compat.v1.train.Saver, "__init__"),
         (tf.compat.v1.train.Saver, "restore"),
         (upstream_keras.Trainer, "compile"),
+        # the step builders' late hook: a model never compiled under the switch (predict)
+        (upstream_keras.TensorFlowTrainer, "make_train_function"),
+        (upstream_keras.TensorFlowTrainer, "make_test_function"),
+        (upstream_keras.TensorFlowTrainer, "make_predict_function"),
         (keras.optimizers.Optimizer, "apply"),
         (keras.optimizers.Optimizer, "scale_loss"),
         (keras.optimizers.LossScaleOptimizer, "scale_loss"),
