@@ -232,19 +232,20 @@ def test_a_non_finite_gradient_of_an_overwritten_variable_skips_the_step():
     """A float8 layer's amax history is overwritten with its gradient, so it is not unscaled;
     it was left out of the finite check too, and its inf was written in while the step ran.
     Keras's own wrapper skips such a step; so does this one."""
-    for make in (
-        lambda inner: tf_amp.LossScaleOptimizer(inner, "dynamic"),
-        lambda inner: keras.optimizers.LossScaleOptimizer(inner, initial_scale=4.0),
+    for ours, make in (
+        (True, lambda inner: tf_amp.LossScaleOptimizer(inner, "dynamic")),
+        (False, lambda inner: keras.optimizers.LossScaleOptimizer(inner, initial_scale=4.0)),
     ):
         opt = make(keras.optimizers.SGD(0.1))
         w = keras.Variable(np.array([1.0], np.float32), name="w")
         amax = keras.Variable(np.array([5.0], np.float32), name="amax_history")
         amax.overwrite_with_gradient = True  # what Dense.quantize("float8") sets
         opt.apply([tf.constant([4.0]), tf.constant([np.inf])], [w, amax])
-        assert (w.numpy()[0], amax.numpy()[0], int(opt.iterations)) == (1.0, 5.0, 0), make
-        opt.apply([tf.constant([4.0]), tf.constant([7.0])], [w, amax])
-        assert amax.numpy()[0] == 7.0  # written as it is: not unscaled
-        assert int(opt.iterations) == 1
+        assert (w.numpy()[0], amax.numpy()[0], int(opt.iterations)) == (1.0, 5.0, 0), ours
+        if ours:  # Keras's own wrapper below 3.10 unscales it, and counts on its own
+            opt.apply([tf.constant([4.0]), tf.constant([7.0])], [w, amax])
+            assert amax.numpy()[0] == 7.0  # written as it is: not unscaled
+            assert int(opt.iterations) == 1
 
 
 def test_tf2_guide_recipe_matches_keras3_recipe():
