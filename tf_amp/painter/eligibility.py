@@ -31,7 +31,12 @@ from tf_amp.type_attrs import (
     device_type,
     exclude_mark,
 )
-from tf_amp.type_attrs.exclude import called_functions, gradient_functions, is_gradient_of
+from tf_amp.type_attrs.exclude import (
+    called_functions,
+    gradient_functions,
+    is_gradient_of,
+    scope_test,
+)
 
 # Ops that must keep their dtype whatever the lists say: feeds, constants (their tensor bytes
 # are float32), variables (master weights), checkpoints and cross-device transfers.
@@ -249,8 +254,7 @@ def functions_called_from_excluded_nodes(
     excluded): excluded with it.
     """
     backward_of = backward_of or {}
-    scopes = tuple(s.rstrip("/") for s in config.exclude_scopes if s.strip("/"))
-    prefixes = tuple(s + "/" for s in scopes)
+    in_scope = scope_test(config.exclude_scopes)
     bodies = {body for body, _ in views if body}
     calls: dict[str, set[str]] = {}
     pending: list[str] = []
@@ -262,7 +266,7 @@ def functions_called_from_excluded_nodes(
             mark = view.exclude_attr[n]
             if mark == EXCLUDE_NOT_READ:
                 mark = exclude_mark(view.protos[n].attr)
-            if mark == EXCLUDE_USER or (prefixes and (name in scopes or name.startswith(prefixes))):
+            if mark == EXCLUDE_USER or (in_scope is not None and in_scope(name)):
                 excluded_names.add(name)
             info = view.infos[n]
             if info is not None and (info.is_function or info.has_func_attr):

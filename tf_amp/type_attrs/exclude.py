@@ -8,7 +8,7 @@ while the vertex view is built, so the painter needs no second sweep over the at
 from __future__ import annotations
 
 import re
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any
 
 EXCLUDE_ATTR = "_tf_amp_exclude"  # node attr: never convert this node
@@ -54,8 +54,7 @@ def mark_callees_of_excluded_calls(graph_def: Any, scopes: Collection[str] = ())
     functions = {f.signature.name: f for f in graph_def.library.function}
     if not functions:
         return 0
-    scopes = tuple(s.rstrip("/") for s in scopes if s.strip("/"))
-    prefixes = tuple(s + "/" for s in scopes)
+    in_scope = scope_test(scopes)
     pending = [
         callee
         for nodes in (graph_def.node, *(f.node_def for f in functions.values()))
@@ -66,7 +65,7 @@ def mark_callees_of_excluded_calls(graph_def: Any, scopes: Collection[str] = ())
     pending += [
         callee
         for node in graph_def.node
-        if prefixes and (node.name in scopes or node.name.startswith(prefixes))
+        if in_scope is not None and in_scope(node.name)
         for callee in called_functions(node, functions)
     ]
     # A tape's gradient of a call is a call of its own (plain "PartitionedCall", named after
@@ -114,15 +113,25 @@ def is_gradient_of(name: str, excluded: Collection[str]) -> bool:
     return any("/".join(parts[:depth]) in excluded for depth in range(1, len(parts) + 1))
 
 
+def scope_test(scopes: Collection[str]) -> Callable[[str], bool] | None:
+    """Whether a node name is an excluded scope or under one (None: no scope given).
+
+    A scope is the node name's whole leading part: ``dense`` covers ``dense/MatMul``, not
+    ``dense_1/MatMul``; a trailing ``/`` is optional."""
+    names = frozenset(s.rstrip("/") for s in scopes if s.strip("/"))
+    if not names:
+        return None
+    prefixes = tuple(name + "/" for name in names)
+    return lambda name: name in names or name.startswith(prefixes)
+
+
 def excluded_node_names(graph_def: Any, scopes: Collection[str] = ()) -> frozenset[str]:
     """The main graph's nodes a user kept float32 (``b=True``, or under an excluded scope)."""
-    scopes = tuple(s.rstrip("/") for s in scopes if s.strip("/"))
-    prefixes = tuple(s + "/" for s in scopes)
+    in_scope = scope_test(scopes)
     return frozenset(
         node.name
         for node in graph_def.node
-        if exclude_mark(node.attr) == EXCLUDE_USER
-        or (prefixes and (node.name in scopes or node.name.startswith(prefixes)))
+        if exclude_mark(node.attr) == EXCLUDE_USER or (in_scope is not None and in_scope(node.name))
     )
 
 
