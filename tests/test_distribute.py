@@ -332,7 +332,7 @@ def test_env_custom_loop_under_mirrored_strategy_skips_on_every_replica(aggregat
 
 REDUCED_OUTSIDE_THE_REPLICAS = textwrap.dedent(
     """
-    import contextlib, json, os
+    import contextlib, json, os, warnings
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import numpy as np
     import tensorflow as tf
@@ -345,7 +345,9 @@ REDUCED_OUTSIDE_THE_REPLICAS = textwrap.dedent(
     # Gradients computed in strategy.run, reduced, and applied outside it (no scope).
     explicit = {explicit}
     env = activation.activated(Settings(graph_rewrite=False, loss_scaling=True))
-    with contextlib.nullcontext() if explicit else env:
+    switch = contextlib.nullcontext() if explicit else env
+    with switch, warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
         with strategy.scope():
             keras.utils.set_random_seed(0)
             model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
@@ -375,7 +377,8 @@ REDUCED_OUTSIDE_THE_REPLICAS = textwrap.dedent(
                 "iterations": int(opt.iterations.numpy()),
                 "scale": float(scale),
             }})
-    print(json.dumps({{"rows": rows}}))
+    not_scaled = [str(w.message) for w in seen if "not scaled" in str(w.message)]
+    print(json.dumps({{"rows": rows, "not_scaled_warnings": not_scaled}}))
     """
 )
 
@@ -387,11 +390,13 @@ def test_gradients_reduced_and_applied_outside_the_replicas_skip_an_inf_step(exp
     the inf; and the skip cond, kept as one function call outside a strategy's scope, could
     not place the mirrored variables ("incompatible assigned devices"), the wrapper's too."""
     source = REDUCED_OUTSIDE_THE_REPLICAS.format(setup=MIRRORED_SETUP, explicit=explicit)
-    rows = facts_from(run_script(source, {}), TIMEOUT)["rows"]
-    assert rows == [
+    facts = facts_from(run_script(source, {}), TIMEOUT)
+    assert facts["rows"] == [
         {"finite": True, "iterations": 1, "scale": 2.0**15},
         {"finite": True, "iterations": 1, "scale": 2.0**14},
     ]
+    # The replicas scaled the loss: an apply outside them must not say it was never scaled.
+    assert facts["not_scaled_warnings"] == []
 
 
 ENV_LOOPS_UNDER_SEVERAL_STRATEGIES = textwrap.dedent(

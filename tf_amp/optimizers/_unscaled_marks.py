@@ -80,8 +80,9 @@ class UnscaledMarks:
 
     def __init__(self) -> None:
         self._marks: dict[tuple[int, int | None], UnscaledMark] = {}
-        # Steps whose loss went through scale_loss: (thread, graph) -> weak ref to the graph.
-        self._scaled: dict[tuple[int, int | None], Any] = {}
+        # Steps whose loss went through scale_loss: (thread, graph) -> (weak ref to the graph,
+        # whether it was scaled in a replica of a tf.distribute strategy).
+        self._scaled: dict[tuple[int, int | None], tuple[Any, bool]] = {}
 
     @staticmethod
     def _key(graph: Any) -> tuple[int, int | None]:
@@ -170,11 +171,11 @@ class UnscaledMarks:
         (an eager look at unscaled gradients), belongs to the step that follows."""
         for graph in self._step_graphs():
             self.close(graph)
-        gone = [k for k, ref in self._scaled.copy().items() if ref is not None and ref() is None]
+        gone = [k for k, (ref, _) in self._scaled.copy().items() if _dead(ref)]
         for key in gone:
             self._scaled.pop(key, None)  # traced graphs that no longer exist
         graph = current_graph()
-        self._scaled[self._key(graph)] = _weak(graph)
+        self._scaled[self._key(graph)] = (_weak(graph), not _outside_replicas())
 
     def take_scaled(self) -> bool:
         """True when this step's loss went through ``scale_loss`` (in this graph or one around
@@ -183,12 +184,33 @@ class UnscaledMarks:
             key = self._key(graph)
             if key not in self._scaled:
                 continue
-            ref = self._scaled[key]
+            ref, _ = self._scaled[key]
             if (ref() if ref is not None else None) is graph:
                 if graph is not None or current_graph() is None:
                     self._scaled.pop(key, None)  # a trace does not consume an eager scale
                 return True
-        return False
+        return _outside_replicas() and self._take_replicas_scaled()
+
+    def _take_replicas_scaled(self) -> bool:
+        """An ``apply`` outside the replicas (gradients returned by ``strategy.run`` and
+        reduced) belongs to the step whose losses the replica threads scaled in this graph."""
+        taken = False
+        for graph in self._step_graphs():
+            graph_id = None if graph is None else id(graph)
+            for key, (ref, in_replica) in self._scaled.copy().items():
+                if in_replica and key[1] == graph_id and (ref() if ref else None) is graph:
+                    self._scaled.pop(key, None)
+                    taken = True
+        return taken
+
+
+def _dead(ref: Any) -> bool:
+    return ref is not None and ref() is None
+
+
+def _outside_replicas() -> bool:
+    """True unless this thread runs a replica of a strategy (inside ``strategy.run``)."""
+    return not tf.distribute.has_strategy() or tf.distribute.in_cross_replica_context()
 
 
 def warn_unscaled_never_scaled() -> None:
