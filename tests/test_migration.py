@@ -149,6 +149,28 @@ def test_from_config_of_keras3_loss_scale_optimizer():
     assert int(opt.dynamic_counter) == 1
 
 
+@pytest.mark.parametrize("initial", [2.0**30, 0.25])
+def test_keras_scales_outside_the_default_bounds_load_unchanged(initial):
+    """Keras's dynamic scale has no bounds; tf_amp's default ones, [1, 2**24], raised on such
+    a config. The bound now widens to the scale, which keeps its value: a large one still
+    halves on a skip, a small one is its own floor (tf_amp's never shrinks below what was
+    asked, as below 1 a skip only shrinks gradients further)."""
+    keras_lso = keras.optimizers.LossScaleOptimizer(
+        keras.optimizers.SGD(2.0, momentum=0.5), initial_scale=initial, dynamic_growth_steps=1
+    )
+    for opt in (
+        tf_amp.LossScaleOptimizer.from_config(keras_lso.get_config()),
+        tf_amp.LossScaleOptimizer(keras.optimizers.SGD(2.0, momentum=0.5),
+                                  initial_scale=initial, dynamic_growth_steps=1),
+    ):
+        policy = opt.loss_scale_policy
+        assert policy.initial_scale == initial and float(opt.loss_scale) == initial
+        assert policy.get_config()["min_scale"] <= initial <= policy.get_config()["max_scale"]
+        check_usable(opt, 3.0)
+        sgd_step(opt, tf.Variable([5.0]), true_grad=float("inf"))  # skipped
+        assert float(opt.loss_scale) == (initial / 2 if initial > 1 else initial)
+
+
 @pytest.mark.parametrize("dynamic", [True, False])
 def test_from_config_of_tf_keras_2_loss_scale_optimizer(dynamic):
     config = {"inner_optimizer": TF_KERAS_SGD, "dynamic": dynamic, "initial_scale": 2.0,

@@ -20,8 +20,8 @@ from typing import Any
 import keras
 
 from tf_amp import loss_scale as loss_scale_lib
-from tf_amp.loss_scale import DynamicLossScale, LossScale, StaticLossScale
-from tf_amp.optimizers._legacy_scale_args import LEGACY_SCALE_ARGS
+from tf_amp.loss_scale import LossScale, StaticLossScale
+from tf_amp.optimizers._legacy_scale_args import LEGACY_SCALE_ARGS, keras_dynamic_scale
 
 # Keys of a tf.keras 2.x optimizer config that Keras 3 optimizers refuse and that change
 # nothing about the update: dropped. (``decay`` is handled apart: non-zero changes training.)
@@ -97,7 +97,7 @@ def policy_from_config(config: dict[str, Any]) -> LossScale:
     if not dynamic:
         return StaticLossScale(initial)
     steps = legacy.get("dynamic_growth_steps")
-    return DynamicLossScale(initial, growth_interval=2000 if steps is None else int(steps))
+    return keras_dynamic_scale(initial, 2000 if steps is None else int(steps))
 
 
 def _policy_from_serialized(serialized: Any) -> LossScale:
@@ -108,9 +108,9 @@ def _policy_from_serialized(serialized: Any) -> LossScale:
         return StaticLossScale(float(inner["loss_scale_value"]))
     if class_name == "DynamicLossScale" and "initial_loss_scale" in inner:  # TF 2.3
         multiplier = float(inner.get("multiplier", 2.0))
-        return DynamicLossScale(
+        return keras_dynamic_scale(
             float(inner["initial_loss_scale"]),
-            growth_interval=int(inner.get("increment_period", 2000)),
+            int(inner.get("increment_period", 2000)),
             growth_factor=multiplier,
             backoff_factor=1.0 / multiplier,
         )

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from tf_amp import loss_scale as loss_scale_lib
+from tf_amp.loss_scale._base import checked_scale
 
 LEGACY_SCALE_ARGS = ("dynamic", "initial_scale", "dynamic_growth_steps")
 """The argument (and config key) names of the Keras and tf.keras loss-scale optimizers."""
@@ -37,13 +38,31 @@ def legacy_loss_scale(loss_scale: Any, kwargs: dict[str, Any]) -> Any:
             f"pass either loss_scale or {sorted(legacy)}, not both (got loss_scale={loss_scale!r})"
         )
     if legacy.get("dynamic", True):
-        return loss_scale_lib.DynamicLossScale(
-            initial_scale=_or_default(legacy.get("initial_scale"), 2.0**15),
-            growth_interval=_or_default(legacy.get("dynamic_growth_steps"), 2000),
+        return keras_dynamic_scale(
+            _or_default(legacy.get("initial_scale"), 2.0**15),
+            _or_default(legacy.get("dynamic_growth_steps"), 2000),
         )
     if legacy.get("dynamic_growth_steps") is not None:
         raise ValueError("dynamic_growth_steps has no meaning with dynamic=False")
     return loss_scale_lib.StaticLossScale(_or_default(legacy.get("initial_scale"), 2.0**15))
+
+
+def keras_dynamic_scale(initial_scale: Any, growth_steps: Any, **factors: float) -> Any:
+    """The dynamic policy of Keras's ``initial_scale`` / ``dynamic_growth_steps``.
+
+    Keras's scale has no bounds; tf_amp's stays in [1, 2**24] by default (below 1 a skipped
+    step only shrinks gradients further; above 2**24 a float16 loss overflows). A scale Keras
+    accepts outside them (a saved config, ``initial_scale=2**30``) widens that bound to itself
+    rather than fail or be silently clamped, so such code and files still load.
+    """
+    initial = checked_scale(initial_scale, "initial_scale")
+    return loss_scale_lib.DynamicLossScale(
+        initial_scale=initial,
+        growth_interval=growth_steps,
+        min_scale=min(1.0, initial),
+        max_scale=max(2.0**24, initial),
+        **factors,
+    )
 
 
 def _or_default(value: Any, default: Any) -> Any:
