@@ -188,6 +188,9 @@ LOSS_GUARD = "LOSS_GUARD"
 # A gather or slice of a float32 weight table (tf_amp.painter.table_selection), kept float32 so
 # the Cast is of the rows it selects.
 TABLE_SELECTION = "TABLE_SELECTION"
+# A loop's running sum (tf_amp.painter.accumulator_guard), kept float32 so each iteration's
+# addend is not rounded away.
+ACCUMULATOR_GUARD = "ACCUMULATOR_GUARD"
 UNEXPLAINED = "UNEXPLAINED"
 
 REASONS: dict[str, str] = {
@@ -230,6 +233,12 @@ REASONS: dict[str, str] = {
         "lookup): kept float32 and its output cast, the same bits as casting the table first "
         "(tf_amp.painter.table_selection); TensorFlow paints it half and casts the whole "
         "table every step"
+    ),
+    ACCUMULATOR_GUARD: (
+        "an Add/AddV2/Sub/AddN that updates a loop variable from its own previous value (a "
+        "running sum; in a gradient loop, a weight's gradient summed over the iterations): "
+        "kept float32 (tf_amp.painter.accumulator_guard), which needs no more Casts, the "
+        "loop variable being float32 either way; TensorFlow paints it half by its pass 4"
     ),
     UNEXPLAINED: "no listed reason",
 }
@@ -284,13 +293,17 @@ def classify(result: RewriteResult, comparison: Comparison) -> dict[str, list]:
         if block == "compiled-loss":
             buckets[LOSS_GUARD].append(key)
             continue
+        if block == "loop-accumulator":
+            buckets[ACCUMULATOR_GUARD].append(key)
+            continue
         if view.v_attr[v] == "element_dtype":
             decision = result.report.decision_for(key[1], key[2], key[0])
             if "boundary" in decision.reason or "sharing a handle" in decision.reason:
                 buckets[TENSOR_LIST_CROSSES_BOUNDARY].append(key)
                 continue
         pending.append((key, body, v))
-    _list_neighbours(buckets, pending, key_maps)
+    _move_clear_neighbours(buckets, pending, key_maps, TENSOR_LIST_CROSSES_BOUNDARY)
+    _move_clear_neighbours(buckets, pending, key_maps, ACCUMULATOR_GUARD)
     for key, body, v in pending:
         view = body.view
         # half vertices on TF's side = those both painted + those only TF painted
@@ -315,18 +328,21 @@ def classify(result: RewriteResult, comparison: Comparison) -> dict[str, list]:
     return buckets
 
 
-def _list_neighbours(
+def _move_clear_neighbours(
     buckets: dict[str, list],
     pending: list[tuple[tuple[str, str, str], BodyRecord, int]],
     key_maps: dict[str, dict[tuple[str, str, str], int]],
+    bucket: str,
 ) -> None:
-    """Moves from ``pending`` to TENSOR_LIST_CROSSES_BOUNDARY the TF-only-half clear vertices
-    connected, through other such vertices, to a boundary TensorList vertex: TensorFlow paints
-    them half because it paints the list half (its Transpose / StridedSlice feeding or reading
-    the list), and with the list float32 they have no reason to be half."""
+    """Moves from ``pending`` to ``bucket`` the TF-only-half clear vertices connected, through
+    other such vertices, to a vertex already in ``bucket``: a consequence of that departure.
+    TENSOR_LIST_CROSSES_BOUNDARY: TensorFlow paints them half because it paints the list half
+    (its Transpose / StridedSlice feeding or reading the list), and with the list float32 they
+    have no reason to be half. ACCUMULATOR_GUARD: the Identity nodes that carry a loop variable
+    into or out of its running sum, half only because TensorFlow paints the sum half."""
     from tf_amp.painter import CAT_CLEAR
 
-    boundary = {(k[0], key_maps[k[0]][k]) for k in buckets[TENSOR_LIST_CROSSES_BOUNDARY]}
+    boundary = {(k[0], key_maps[k[0]][k]) for k in buckets[bucket]}
     changed = True
     while changed:
         changed = False
@@ -337,7 +353,7 @@ def _list_neighbours(
                 continue
             if any((key[0], u) in boundary for u in (*view.fanin[v], *view.fanout[v])):
                 boundary.add((key[0], v))
-                buckets[TENSOR_LIST_CROSSES_BOUNDARY].append(key)
+                buckets[bucket].append(key)
                 pending.remove(item)
                 changed = True
 

@@ -86,5 +86,8 @@ def check_default(
     for direction in DIRECTIONS:
         ours = comparison.ours_casts[direction] - excused[direction]
         assert ours <= comparison.tf_casts[direction], direction
-    assert comparison.agree / comparison.vertices > 0.9
+    # A loop's running sum kept float32 takes its Enter/Merge/Switch/Identity chain along (a
+    # lowered gradient loop: 16 vertices per sum), with fewer Casts: not counted as disagreement.
+    chains = len(buckets[_oracle.ACCUMULATOR_GUARD])
+    assert comparison.agree / (comparison.vertices - chains) > 0.9
     return buckets

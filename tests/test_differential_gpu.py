@@ -106,11 +106,11 @@ def test_cpu_mode_oracle_is_a_faithful_second_opinion(name: str) -> None:
 
 @pytest.mark.parametrize("name", ALL)
 def test_without_const_folding_we_reproduce_the_gpu_pass(name: str) -> None:
-    """Const folding, the normalization guard and the table selection are the default's
-    departures: without them, every vertex and every Cast is TensorFlow's - except at
-    TensorLists crossing into a While (lstm_gru)."""
+    """Const folding, the normalization and accumulator guards and the table selection are the
+    default's departures: without them, every vertex and every Cast is TensorFlow's - except
+    at TensorLists crossing into a While (lstm_gru)."""
     model, result, comparison = ours(name, fold_constant_casts=False, guard_normalization=False,
-                                     select_before_cast=False)
+                                     select_before_cast=False, guard_accumulators=False)
     print(f"\nparity {name}: {comparison.differing} differ; casts ours {comparison.ours_casts} "
           f"vs TF {comparison.tf_casts}")
     assert comparison.only_ours_half == []

@@ -70,14 +70,15 @@ def oracle(name: str) -> tuple:
 
 def differential(name: str, mode: str = "default") -> tuple:
     """Our rewrite vs TensorFlow's. ``mode``: "default"; "parity" (Const folding, the
-    normalization guard and the table selection off: the default's departures); "no_infer"
+    normalization and accumulator guards and the table selection off: the default's
+    departures); "no_infer"
     (the option ``infer_follows_allow=False``)."""
     if (name, mode) not in _CACHE:
         model, theirs = oracle(name)
         cfg = RewriteConfig(preserve_nodes=frozenset(model.fetches))
         if mode == "parity":
             cfg = cfg.replace(fold_constant_casts=False, guard_normalization=False,
-                              select_before_cast=False)
+                              select_before_cast=False, guard_accumulators=False)
         elif mode == "no_infer":
             cfg = cfg.replace(infer_follows_allow=False)
         result = rewrite_graph_def(model.graph_def, cfg)

@@ -19,8 +19,8 @@ Environment variables read by ``from_env``:
 - ``TF_AMP_EXCLUDE_SCOPES``: comma-separated name scopes kept in float32;
 - ``TF_AMP_INFER_FOLLOWS_ALLOW``: 1 (default) | 0 (TensorFlow's pass 4 off; see the field);
 - ``TF_AMP_PROBE``: 1 | 0 (time the allow/infer ops at their shapes first: ``tf_amp.probe``);
-- ``TF_AMP_GUARD_NORMALIZATION``, ``TF_AMP_GUARD_UPDATES``, ``TF_AMP_GUARD_LOSSES``: 1 | 0
-  (unset: the target's default; see the fields);
+- ``TF_AMP_GUARD_NORMALIZATION``, ``TF_AMP_GUARD_UPDATES``, ``TF_AMP_GUARD_LOSSES``,
+  ``TF_AMP_GUARD_ACCUMULATORS``: 1 | 0 (unset: the target's default; see the fields);
 - ``TF_AMP_SELECT_BEFORE_CAST``: 1 (default) | 0 (see the field);
 - ``TF_AMP_CHECK_KERNELS``: 1 | 0 (0 = trust the OpDef, for GPU-targeted rewriting on a
   machine whose TensorFlow has no GPU kernels).
@@ -185,6 +185,12 @@ class RewriteConfig:
         ``binary_crossentropy`` on probabilities went NaN); never at O3 or
         ``UNSAFE_FORCE_ALL``. None (the default):
         on for both targets; ``False`` paints the loss as TensorFlow's pass does.
+      guard_accumulators: keep float32 a loop's running sum (``acc = acc + x`` in a
+        ``tf.while_loop`` body or a TF1 loop, and the gradient loop's sums of a weight's
+        gradient over the iterations), whose half rounding loses every addend below half a
+        unit of the sum (``tf_amp.painter.accumulator_guard``); never at O3 or
+        ``UNSAFE_FORCE_ALL``. None (the default): on for both targets; it adds no Cast (the
+        loop variable is float32 either way). ``False`` paints as TensorFlow's pass does.
       select_before_cast: keep float32 the gathers and slices of a float32 weight table
         that only they read (an embedding lookup), so the Cast is of the rows they select,
         not of the whole table every step (``tf_amp.painter.table_selection``). Same bits
@@ -212,6 +218,7 @@ class RewriteConfig:
     guard_normalization: bool | None = None
     guard_updates: bool | None = None
     guard_losses: bool | None = None
+    guard_accumulators: bool | None = None
     select_before_cast: bool = True
     slow_nodes: frozenset[str] = field(default_factory=frozenset)
 
@@ -271,6 +278,11 @@ class RewriteConfig:
     def guards_losses(self) -> bool:
         """Whether the painter keeps Keras's compiled loss float32 (see the field)."""
         return self._guard_on(self.guard_losses, default_for=("float16", "bfloat16"))
+
+    @property
+    def guards_accumulators(self) -> bool:
+        """Whether the painter keeps loops' running sums float32 (see the field)."""
+        return self._guard_on(self.guard_accumulators, default_for=("float16", "bfloat16"))
 
     @property
     def selects_before_cast(self) -> bool:
@@ -341,6 +353,7 @@ class RewriteConfig:
         values["guard_normalization"] = parse_flag(env, "TF_AMP_GUARD_NORMALIZATION")
         values["guard_updates"] = parse_flag(env, "TF_AMP_GUARD_UPDATES")
         values["guard_losses"] = parse_flag(env, "TF_AMP_GUARD_LOSSES")
+        values["guard_accumulators"] = parse_flag(env, "TF_AMP_GUARD_ACCUMULATORS")
         values["select_before_cast"] = flag_or(env, "TF_AMP_SELECT_BEFORE_CAST", True)
         overrides = dict(overrides)
         base_lists = overrides.pop("lists", None)
@@ -385,7 +398,9 @@ def _names(name: str, value: object) -> tuple[str, ...]:
 # Fields that are on or off; the guards' None means "the target's default".
 _SWITCHES = ("preserve_names", "check_kernels", "rewrite_functions", "fold_constant_casts",
              "infer_follows_allow", "probe", "select_before_cast")
-_TRI_STATE_SWITCHES = ("guard_normalization", "guard_updates", "guard_losses")
+_TRI_STATE_SWITCHES = (
+    "guard_normalization", "guard_updates", "guard_losses", "guard_accumulators"
+)
 
 
 def _check_switches(config: RewriteConfig) -> None:

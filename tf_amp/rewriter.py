@@ -182,8 +182,10 @@ def _rewrite(
     saved_gradient_types = frozenset(
         g.registered_op_type for g in out.library.registered_gradients
     )
-    for view in views:
+    loop_bodies = _while_body_names(views)
+    for (name, _, _), view in zip(bodies, views, strict=True):
         view.saved_gradient_types = saved_gradient_types
+        view.is_loop_body = name in loop_bodies
     backward_of = {  # a tape's backward function names its forward one
         f.attr["forward_function_name"].s.decode(): f.signature.name
         for f in out.library.function
@@ -234,6 +236,18 @@ def _rewrite(
 
         write_rewrite_logs(config.log_dir, graph_def, out, report)
     return RewriteResult(out, report)
+
+
+def _while_body_names(views: list[Any]) -> frozenset[str]:
+    """Names of the library functions some ``While`` / ``StatelessWhile`` runs as its body."""
+    names = set()
+    for view in views:
+        for n in range(view.num_real):
+            if view.ops[n] in ("While", "StatelessWhile"):
+                body = view.protos[n].attr.get("body")
+                if body is not None and body.func.name:
+                    names.add(body.func.name)
+    return frozenset(names)
 
 
 def _warn_missing_preserved(graph_def: graph_pb2.GraphDef, preserve: frozenset[str]) -> None:

@@ -17,6 +17,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 
 from tf_amp.config import RewriteConfig
 from tf_amp.lists import OpLists
+from tf_amp.painter.accumulator_guard import accumulator_nodes
 from tf_amp.painter.colours import CAT_NONE, CATEGORY_OF_LIST
 from tf_amp.painter.loss_guard import compiled_loss_nodes
 from tf_amp.painter.normalization_guard import normalization_sum_nodes
@@ -197,7 +198,8 @@ def _block_guarded_nodes(
     - the arithmetic that serves only variable updates (``tf_amp.painter.update_guard``);
     - the gathers and slices of a float32 weight table, so the Cast is of what they select
       (``tf_amp.painter.table_selection``);
-    - a Keras model's compiled loss and its gradient (``tf_amp.painter.loss_guard``).
+    - a Keras model's compiled loss and its gradient (``tf_amp.painter.loss_guard``);
+    - a loop's running sums (``tf_amp.painter.accumulator_guard``).
     """
     guards: list[tuple[bool, Callable[[], Collection[int]], Block]] = [
         (config.guards_normalization, lambda: normalization_sum_nodes(view), Block.NORMALIZATION),
@@ -205,6 +207,7 @@ def _block_guarded_nodes(
          Block.VARIABLE_UPDATE),
         (config.selects_before_cast, lambda: table_selection_nodes(view), Block.TABLE_SELECTION),
         (config.guards_losses, lambda: compiled_loss_nodes(view), Block.COMPILED_LOSS),
+        (config.guards_accumulators, lambda: accumulator_nodes(view), Block.LOOP_ACCUMULATOR),
     ]
     for on, find_nodes, block in guards:
         if not on:

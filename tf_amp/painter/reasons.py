@@ -154,6 +154,12 @@ class Block(str, enum.Enum):
         "policies compute losses (1 - 1e-7, a clip bound, is 1.0 in 16 bits; "
         "tf_amp.painter.loss_guard)",
     )
+    LOOP_ACCUMULATOR = (
+        "loop-accumulator",
+        "{op} adds to a loop variable its own previous value (a running sum): kept float32, "
+        "as half rounding would lose each addend that falls below half a unit of the sum "
+        "(tf_amp.painter.accumulator_guard)",
+    )
     TABLE_SELECTION = (
         "table-selection",
         "{op} selects from a float32 weight table: kept float32, so that half ops reading its "

@@ -82,6 +82,9 @@ class BodyView:
     unknown_ops: list[int] = field(default_factory=list)
     index: dict[str, int] = field(default_factory=dict)
     ret_keys: list[str] = field(default_factory=list)  # function: ret key of each _Retval
+    # function: ret key -> its position among the signature's outputs (a While body's
+    # return k is the next value of its argument k)
+    ret_positions: dict[str, int] = field(default_factory=dict)
     # per node, the _tf_amp_exclude attr as read while the node's attr map was open anyway
     # (EXCLUDE_NOT_READ: look at the proto; else ``exclude_mark``). Saves the painter a second
     # sweep over the attr maps, which costs more per node the bigger the graph (cache misses).
@@ -90,6 +93,8 @@ class BodyView:
     # holds (a SavedModel's): TensorFlow calls those with the marking op's dtypes when the
     # rewritten graph is differentiated. Set by the rewriter for every body of a graph.
     saved_gradient_types: frozenset[str] = frozenset()
+    # The body function of a While (set by the rewriter, which sees the loops that call it).
+    is_loop_body: bool = False
 
     @property
     def num_vertices(self) -> int:

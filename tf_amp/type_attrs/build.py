@@ -119,6 +119,7 @@ def _add_arg_ports(view: BodyView, fdef: Any) -> None:
 def _add_retval_nodes(view: BodyView, fdef: Any, resolve: InputResolver) -> None:
     """One ``_Retval`` pseudo-node per ``ret`` key (sorted), fed by the value it returns."""
     out_types = {a.name: a for a in fdef.signature.output_arg}
+    view.ret_positions = {a.name: i for i, a in enumerate(fdef.signature.output_arg)}
     for key in sorted(fdef.ret):
         r = len(view.names)
         view.names.append("ret:" + key)
