@@ -29,14 +29,16 @@ def reference_dynamic(policy: DynamicLossScale, finite_seq: list[bool]) -> list[
             good += 1
             if good >= policy.growth_interval:
                 good = 0
-                scale = min(f32(scale * f32(policy.growth_factor)), f32(policy.max_scale))
+                grown = min(f32(scale * f32(policy.growth_factor)), f32(policy.max_scale))
+                scale = max(scale, grown)
         else:
             skipped += 1
             consecutive += 1
             good = 0
             if scale <= f32(policy.min_scale):
                 floor += 1
-            scale = max(f32(scale * f32(policy.backoff_factor)), f32(policy.min_scale))
+            backed_off = max(f32(scale * f32(policy.backoff_factor)), f32(policy.min_scale))
+            scale = min(scale, backed_off)
         assert np.isfinite(scale)
         states.append((float(scale), good, skipped, consecutive, floor))
     return states
@@ -109,6 +111,25 @@ def test_growth_stops_at_ceiling_and_never_reaches_inf():
     )
     rows = as_tuples(run_policy(tf.constant([True] * 5), policy.initial_state(), policy).numpy())
     assert rows[-1][0] == float(tf.float32.max)
+
+
+@pytest.mark.parametrize(
+    "scale, finite, want",
+    [
+        (2.0**27, True, 2.0**27),  # above the cap (a restored Keras scale): growth keeps it
+        (2.0**27, False, 2.0**26),  # a skip still halves it
+        (0.25, False, 0.25),  # below the floor: a skip never raises it (it went to 1)
+        (0.25, True, 0.5),  # growth doubles it as usual
+        (float("inf"), False, 2.0**24),  # Keras's scale grows into inf: a skip brings it back
+    ],
+)
+def test_a_scale_outside_the_bounds_moves_the_right_way(scale, finite, want):
+    """Only a restored Keras checkpoint or set_loss_scale puts the scale outside the bounds;
+    a growth step cut 2**27 to 2**24 and a skip raised 0.25 to 1, and an inf scale skipped
+    every step for ever."""
+    policy = DynamicLossScale(initial_scale=2.0, growth_interval=1)
+    state = policy.initial_state()._replace(scale=tf.constant(scale, tf.float32))
+    assert float(policy.adjust(state, finite).scale) == want
 
 
 def test_floor_skips_count_only_at_the_floor():

@@ -28,12 +28,18 @@ class DynamicLossScale(LossScale):
             good_steps += 1
             if good_steps >= growth_interval:
                 good_steps = 0
-                scale = min(scale * growth_factor, max_scale)    # never inf: max_scale is finite
+                scale = max(scale, min(scale * growth_factor, max_scale))  # never lowers it
         else:                                             # the step was skipped
             skipped_steps += 1; consecutive_skips += 1
             good_steps = 0
             if scale <= min_scale: floor_skips += 1       # inf/NaN even with the loss unscaled
-            scale = max(scale * backoff_factor, min_scale)
+            scale = min(scale, max(scale * backoff_factor, min_scale))  # never raises it
+            if scale is inf: scale = max_scale
+
+    A scale outside ``[min_scale, max_scale]`` comes only from outside (a restored Keras
+    checkpoint, whose scale has no bounds; ``set_loss_scale``): a growth step never lowers it
+    and a skip never raises it, and an infinite one (Keras's grows into inf and stays there)
+    drops to ``max_scale`` at its first skip.
 
     Defaults: ``initial_scale=2**15, growth_interval=2000, growth_factor=2, backoff_factor=0.5,
     min_scale=1, max_scale=2**24``. ``min_scale <= initial_scale <= max_scale`` is required.
@@ -104,7 +110,7 @@ class DynamicLossScale(LossScale):
         scale = f32(state.scale)
         good = state.good_steps + 1
         grow = good >= self._growth_interval
-        grown = tf.minimum(scale * self._growth_factor, f32(self._max_scale))
+        grown = tf.maximum(scale, tf.minimum(scale * self._growth_factor, f32(self._max_scale)))
         zero = i64(0)
         return LossScaleState(
             tf.where(grow, grown, scale),
@@ -118,8 +124,9 @@ class DynamicLossScale(LossScale):
         scale = f32(state.scale)
         min_scale = f32(self._min_scale)
         floor_skips = state.floor_skips + tf.cast(scale <= min_scale, COUNTER_DTYPE)
+        backed_off = tf.minimum(scale, tf.maximum(scale * self._backoff_factor, min_scale))
         return LossScaleState(
-            tf.maximum(scale * self._backoff_factor, min_scale),
+            tf.where(tf.math.is_finite(scale), backed_off, f32(self._max_scale)),
             i64(0),
             state.skipped_steps + 1,
             state.consecutive_skips + 1,
