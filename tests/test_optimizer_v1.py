@@ -149,6 +149,42 @@ def test_saver_round_trip_and_resume_follow_one_schedule(tmp_path):
     assert resumed_state[0] == straight_state[0] and resumed_state[2] == 2
 
 
+@pytest.mark.parametrize("written_by", ["tensorflow_wrapper", "float32"])
+def test_saver_restores_a_checkpoint_without_tf_amps_state(tmp_path, written_by):
+    """A Saver checkpoint of TF1's own MixedPrecisionLossScaleOptimizer (its scale is
+    `current_loss_scale`, its counter `good_steps`) or of float32 training restores into the
+    wrapper; a plain Saver failed on the first missing `loss_scale_*` key."""
+    path = os.path.join(tmp_path, "model")
+    with tf.Graph().as_default():
+        w = v1.get_variable("w", initializer=tf.constant([1.0, 2.0]))
+        opt = v1.train.AdamOptimizer(0.01)
+        if written_by == "tensorflow_wrapper":
+            scale = v1.mixed_precision.DynamicLossScale(
+                initial_loss_scale=2.0**10, increment_period=3)
+            opt = v1.mixed_precision.MixedPrecisionLossScaleOptimizer(opt, scale)
+        train = opt.minimize(tf.reduce_sum(w * 3.0),
+                             global_step=v1.train.get_or_create_global_step())
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            sess.run(train)
+            v1.train.Saver().save(sess, path)
+            saved_w = sess.run(w)
+    with tf.Graph().as_default():
+        w = v1.get_variable("w", initializer=tf.constant([0.0, 0.0]))
+        wrapper = tf_amp.LossScaleOptimizer(v1.train.AdamOptimizer(0.01),
+                                            DynamicLossScale(4.0, growth_interval=3))
+        wrapper.minimize(tf.reduce_sum(w * 3.0), global_step=v1.train.get_or_create_global_step())
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            v1.train.Saver().restore(sess, path)
+            np.testing.assert_array_equal(sess.run(w), saved_w)
+            scale, good_steps, skipped, _, _ = sess.run(wrapper._state_vars)
+    if written_by == "tensorflow_wrapper":
+        assert (scale, good_steps, skipped) == (2.0**10, 1, 0)
+    else:
+        assert (scale, good_steps, skipped) == (4.0, 0, 0)  # afresh
+
+
 def test_tf_function_minimize_and_checkpoint_round_trip(tmp_path):
     v = tf.Variable([1.0, 2.0])
     step = tf.Variable(0, dtype=tf.int64)

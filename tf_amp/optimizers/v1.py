@@ -108,8 +108,12 @@ class V1LossScaleOptimizer(_V1Optimizer):
             for field, variable in zip(LossScaleState._fields, variables, strict=True):
                 # A restore made before the state existed (an earlier layout's names) lands.
                 self._handle_deferred_dependencies(f"loss_scale_{field}", variable)
-                if self.implicit:
-                    variable._tf_amp_implicit_state = True  # see auto_loss_scale.saver patches
+                # Saver restores a checkpoint without the state (runtime.auto_loss_scale_v1).
+                variable._tf_amp_loss_scale_field = field
+            if graph is not None:
+                from tf_amp.runtime.auto_loss_scale_v1 import install_saver_patches
+
+                install_saver_patches()
             self._state_vars, self._state_graph = variables, graph
             state = StateTrackable(variables, names=TF_STATE_NAMES)
             self._track_trackable(state, STATE_CHILD, overwrite=True)

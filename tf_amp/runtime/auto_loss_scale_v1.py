@@ -5,7 +5,8 @@ or anything else in between), called by user code on a ``tf.compat.v1.train.Opti
 routed through a ``tf_amp.LossScaleOptimizer`` of the same optimizer, created once per
 optimizer and cached on it, so the three share one loss scale. Its state variables are global
 variables: ``Saver`` saves them, and the ``Saver`` patches below let a checkpoint written
-without tf_amp (float32 training) restore into such a graph, the scale starting afresh.
+without tf_amp (float32 training) restore into such a graph, the scale starting afresh (any
+v1 wrapper's state, explicit too: ``install_saver_patches``).
 """
 
 from __future__ import annotations
@@ -164,13 +165,28 @@ def v1_apply_gradients_patch(
     return apply_gradients
 
 
-def _is_implicit_state(value: Any) -> bool:
-    return bool(getattr(value, "_tf_amp_implicit_state", False))
+def _loss_scale_field(value: Any) -> str | None:
+    """The ``LossScaleState`` field a v1 wrapper's state variable holds; None for the rest."""
+    return getattr(value, "_tf_amp_loss_scale_field", None)
+
+
+def install_saver_patches() -> None:
+    """Makes ``Saver`` restore into a graph with v1 loss-scale state a checkpoint that lacks it
+    (below). Installed by the first v1 wrapper whose state lives in a graph, for good: the
+    patches act only on savers that cover such state, and cost others one scan of their list."""
+    from tf_amp.runtime._patches import REGISTRY
+
+    saver = tf.compat.v1.train.Saver
+    REGISTRY.acquire(SAVER_HOLDER, saver, "__init__", saver_init_patch)
+    REGISTRY.acquire(SAVER_HOLDER, saver, "restore", saver_restore_patch)
+
+
+SAVER_HOLDER = "tf_amp.optimizers.v1 (Saver of loss-scale state)"
 
 
 def saver_init_patch(original: Callable[..., Any]) -> Callable[..., Any]:
     """``tf.compat.v1.train.Saver.__init__`` that also builds, when the saver covers the loss-
-    scale state of an implicit v1 wrapper, a second saver without it (see the restore patch).
+    scale state of a v1 wrapper, a second saver without it (see the restore patch).
 
     Built now, at graph construction: by restore time a MonitoredTrainingSession has
     finalized the graph."""
@@ -181,13 +197,13 @@ def saver_init_patch(original: Callable[..., Any]) -> Callable[..., Any]:
             return
         covered = var_list if var_list is not None else upstream_tf.all_saveable_objects()
         if isinstance(covered, dict):
-            ours = [v for v in covered.values() if _is_implicit_state(v)]
-            rest: Any = {k: v for k, v in covered.items() if not _is_implicit_state(v)}
+            ours = [v for v in covered.values() if _loss_scale_field(v)]
+            rest: Any = {k: v for k, v in covered.items() if not _loss_scale_field(v)}
         else:
-            ours = [v for v in covered if _is_implicit_state(v)]
-            rest = [v for v in covered if not _is_implicit_state(v)]
+            ours = [v for v in covered if _loss_scale_field(v)]
+            rest = [v for v in covered if not _loss_scale_field(v)]
         if ours and rest:
-            # A saver over `rest` covers no implicit state, so this patch does not recurse.
+            # A saver over `rest` covers no loss-scale state, so this patch does not recurse.
             fallback = type(self)(rest, sharded=kwargs.get("sharded", False))
             self.__dict__["_tf_amp_without_state"] = (fallback, ours)
 
@@ -195,11 +211,20 @@ def saver_init_patch(original: Callable[..., Any]) -> Callable[..., Any]:
     return __init__
 
 
+# TF1's MixedPrecisionLossScaleOptimizer names its dynamic scale's two variables so.
+_TF1_NAMES = {"scale": "current_loss_scale", "good_steps": "good_steps"}
+
+
 def saver_restore_patch(original: Callable[..., Any]) -> Callable[..., Any]:
-    """``Saver.restore`` that restores a checkpoint written without tf_amp (float32 training)
-    into a graph whose optimizer the activation wrapped: the loss-scale state is not in such a
-    checkpoint, and a plain Saver fails on the first missing key. The rest is restored and the
-    state starts afresh (initial scale), as in a new run; a checkpoint that has it restores it."""
+    """``Saver.restore`` that restores into a graph with v1 loss-scale state a checkpoint
+    without it, where a plain Saver fails on the first missing key:
+
+    - one written without tf_amp (float32 training): the rest is restored and the state
+      starts afresh (initial scale), as in a new run;
+    - one of TensorFlow's ``MixedPrecisionLossScaleOptimizer``: its ``current_loss_scale`` and
+      ``good_steps`` become the scale and its counter (one wrapper in the graph: with several,
+      which scale was whose cannot be told, and they start afresh);
+    - a checkpoint that has the state restores it as usual."""
 
     def restore(self: Any, sess: Any, save_path: Any) -> Any:
         without = self.__dict__.get("_tf_amp_without_state")
@@ -207,18 +232,29 @@ def saver_restore_patch(original: Callable[..., Any]) -> Callable[..., Any]:
             return original(self, sess, save_path)
         fallback, ours = without
         try:
-            saved = {name for name, _ in tf.train.list_variables(save_path)}
+            saved = {name: shape for name, shape in tf.train.list_variables(save_path)}
         except (tf.errors.OpError, ValueError):
             return original(self, sess, save_path)  # let the Saver report what is wrong
         if all(v.op.name in saved for v in ours):
             return original(self, sess, save_path)
-        _LOG.info(
-            "%s has no loss-scale state (written without tf_amp); restoring the rest, "
-            "the loss scale starts at its initial value",
-            save_path,
-        )
         fallback.restore(sess, save_path)
-        sess.run([v.initializer for v in ours])
+        scales = [v for v in ours if _loss_scale_field(v) == "scale"]
+        from_tf1 = len(scales) == 1 and all(name in saved for name in _TF1_NAMES.values())
+        loads, fresh = [], []
+        for variable in ours:
+            key = _TF1_NAMES.get(_loss_scale_field(variable)) if from_tf1 else None
+            if key is not None and saved[key] == []:
+                loads.append(variable.assign(tf.train.load_variable(save_path, key)))
+            else:
+                fresh.append(variable.initializer)
+        sess.run(loads + fresh)
+        if loads:
+            what = ("holds TensorFlow's MixedPrecisionLossScaleOptimizer state: its "
+                    "current_loss_scale and good_steps restored")
+        else:
+            what = ("has no loss-scale state (written without tf_amp); restoring the rest, the "
+                    "loss scale starts at its initial value")
+        _LOG.info("%s %s", save_path, what)
         return None
 
     restore.__wrapped__ = original  # type: ignore[attr-defined]
