@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -13,6 +16,7 @@ from tf_amp.loss_scale import DynamicLossScale
 from tf_amp.optimizers.v1 import V1LossScaleOptimizer
 
 v1 = tf.compat.v1
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def build_graph(loss_scale, inner=None, **wrapper_kwargs):
@@ -183,6 +187,51 @@ def test_saver_restores_a_checkpoint_without_tf_amps_state(tmp_path, written_by)
         assert (scale, good_steps, skipped) == (2.0**10, 1, 0)
     else:
         assert (scale, good_steps, skipped) == (4.0, 0, 0)  # afresh
+
+
+REFERENCE_GLOBAL_STEP = textwrap.dedent(
+    """
+    import sys
+    import numpy as np
+    import tensorflow.compat.v1 as tf
+    tf.disable_eager_execution()  # control flow v2 stays on
+    import tf_amp
+    step = tf.Variable(0, name="global_step", trainable=False, use_resource=False)
+    w = tf.get_variable("w", [3, 1], initializer=tf.ones_initializer(), use_resource=True)
+    poison = tf.placeholder_with_default(tf.constant(1.0), [])
+    loss = tf.reduce_mean(tf.square(tf.matmul(tf.ones([4, 3]), w) - 1.0)) * poison
+    opt = tf.train.AdamOptimizer(0.1)
+    if sys.argv[1] == "explicit":
+        opt = tf_amp.LossScaleOptimizer(opt, 4.0)
+    train = opt.minimize(loss, global_step=step)
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        for bad in (1.0, np.inf, 1.0):
+            sess.run(train, {poison: bad})
+        wrapper = opt if sys.argv[1] == "explicit" else opt.__dict__["_tf_amp_auto_wrapper"]
+        print("global_step", sess.run(step), "skipped", sess.run(wrapper._state_vars[2]))
+    """
+)
+
+
+@pytest.mark.parametrize("way", ["explicit", "environment"])
+def test_a_reference_global_step_next_to_resource_weights_builds_and_counts(way):
+    """The skip cond was a v2 cond when only the trained variables were reference ones, and
+    it captured a reference global step by value: "expected types ([tf.int32_ref, ...])". A
+    legacy script (get_or_create_global_step after disable_resource_variables, Keras layers'
+    resource weights) failed so under the environment."""
+    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2",
+               TF_AMP_TARGET_DTYPE="float16")
+    if way == "environment":
+        env["TF_ENABLE_AUTO_MIXED_PRECISION"] = "1"
+    done = subprocess.run([sys.executable, "-c", REFERENCE_GLOBAL_STEP, way], env=env,
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    words = done.stdout.split()
+    step, skipped = int(words[-3]), int(words[-1])
+    # Every step counted but the skipped ones (the inf one, and under the environment's
+    # initial scale of 2**15 maybe the first).
+    assert skipped >= 1 and step + skipped == 3, done.stdout
 
 
 def test_tf_function_minimize_and_checkpoint_round_trip(tmp_path):

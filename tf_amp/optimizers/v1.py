@@ -319,7 +319,11 @@ class V1LossScaleOptimizer(_V1Optimizer):
             )
             return distribution.group(per_replica) if per_replica is not None else None
 
-        with _v1_control_flow_for_reference_variables([v for _, v in grads_and_vars]):
+        # The global step counts in the branch too: a reference one (next to resource weights,
+        # as get_or_create_global_step makes it after disable_resource_variables) needs the
+        # same TF1 cond.
+        written = [v for _, v in grads_and_vars] + [global_step] * (global_step is not None)
+        with _v1_control_flow_for_reference_variables(written):
             applied = _apply_or_skip.apply_or_skip(
                 finite,
                 apply_fn,
@@ -354,7 +358,8 @@ class V1LossScaleOptimizer(_V1Optimizer):
 @contextlib.contextmanager
 def _v1_control_flow_for_reference_variables(variables: list[Any]) -> Iterator[None]:
     """Builds the apply-or-skip ``cond`` with TF1 control flow (Switch / Merge) when a variable
-    is a reference variable (``use_resource=False``) in a graph that is no function.
+    its branch writes (a trained one, the global step) is a reference variable
+    (``use_resource=False``) in a graph that is no function.
 
     A control-flow-v2 ``cond`` captures its inputs by value, so a reference variable reached
     its update op as a plain float32 tensor, and the update ("expected float32_ref") failed to
