@@ -85,6 +85,31 @@ def test_the_gpu_pass_really_runs_and_runs_pass_4() -> None:
     assert all(_dtype(control, n) != DT_HALF for n in convs + matmuls)
 
 
+
+def test_the_batch_matmuls_are_painted_as_the_gpu_pass_paints_them() -> None:
+    """TensorFlow's CUDA allow list has BatchMatMul and BatchMatMulV2, not BatchMatMulV3
+    (whose types Ta, Tb, Tout its pass leaves float32); ours had V3 too."""
+    import tensorflow as tf
+
+    w = tf.Variable(tf.ones((2, 8, 8)))
+
+    @tf.function
+    def both(x):
+        v3 = tf.raw_ops.BatchMatMulV3(x=x, y=w, Tout=tf.float32, name="v3")
+        return v3, tf.raw_ops.BatchMatMulV2(x=x, y=w, name="v2")
+
+    concrete = both.get_concrete_function(tf.zeros((2, 4, 8)))
+    graph_def = concrete.graph.as_graph_def()
+    fetches = [t.op.name for t in concrete.outputs]
+    theirs, _ = _gpu_oracle.run_gpu_pass(graph_def, fetches)
+    cfg = RewriteConfig(target_dtype="float16", check_kernels=False,
+                        preserve_nodes=frozenset(fetches))
+    ours = rewrite_graph_def(graph_def, cfg).graph_def
+    assert _dtype(theirs, "v2") == _dtype(ours, "v2") == DT_HALF
+    for attr in ("Ta", "Tb", "Tout"):
+        assert _dtype(ours, "v3", attr) == _dtype(theirs, "v3", attr) != DT_HALF
+
+
 @pytest.mark.parametrize("name", ALL)
 def test_default_matches_tensorflows_gpu_pass(name: str) -> None:
     model, result, comparison = ours(name)

@@ -33,7 +33,6 @@ FP16_ALLOW: frozenset[str] = frozenset(
     {
         "BatchMatMul",
         "BatchMatMulV2",
-        "BatchMatMulV3",
         "BlockLSTM",
         "BlockLSTMV2",
         "BlockLSTMGrad",
