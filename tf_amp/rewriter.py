@@ -44,6 +44,7 @@ from tf_amp.type_attrs import (
     function_op_info,
     read_node_columns,
 )
+from tf_amp.type_attrs.exclude import input_pipeline_functions
 
 logger = logging.getLogger("tf_amp")
 # Set (True) on the records that restate a rewrite's report: what it converted, or that it
@@ -165,7 +166,12 @@ def _rewrite(
     _warn_missing_preserved(out, config.preserve_nodes)
     bodies: list[tuple[str, Any, Any]] = [("", out, None)]
     if config.rewrite_functions:
-        bodies.extend((f.signature.name, f, f) for f in out.library.function)
+        left_as_is = input_pipeline_functions(out)
+        bodies.extend(
+            (f.signature.name, f, f)
+            for f in out.library.function
+            if f.signature.name not in left_as_is
+        )
     # Build every view first: a malformed body raises before any body is changed.
     views = []
     touched = False  # whether anything wrote into `out` (else it is still the input's copy)

@@ -189,3 +189,46 @@ def called_functions(node: Any, functions: Collection[str]) -> list[str]:
         elif value.HasField("list"):
             found.extend(f.name for f in value.list.func)
     return [name for name in found if name in functions]
+
+
+def input_pipeline_functions(graph_def: Any) -> frozenset[str]:
+    """The library functions of ``graph_def`` that run in a tf.data input pipeline, which the
+    rewrite leaves as they are, as TensorFlow's pass does.
+
+    Grappler's meta optimizer skips every function marked ``_tf_data_function`` (a ``map``,
+    ``filter``, ``reduce`` or ``scan`` function: tf.data optimizes them itself), and its GPU
+    pass leaves them float32. They run on the host CPU, where half kernels are slow, and a
+    ``Dataset.reduce`` summing in half lost its addends (30.0006 came out 4.0 in bfloat16).
+    Also left: the functions only such functions call; one that a rewritten body calls too is
+    one body, rewritten.
+    """
+    library = graph_def.library.function
+    functions = {f.signature.name: f for f in library}
+    marked = {
+        name for name, f in functions.items()
+        if "_tf_data_function" in f.attr and f.attr["_tf_data_function"].b
+    }
+    if not marked:
+        return frozenset()
+    callees = {
+        name: {c for node in f.node_def for c in called_functions(node, functions)}
+        for name, f in functions.items()
+    }
+    left = set(marked)
+    pending = list(marked)
+    while pending:
+        for callee in callees[pending.pop()]:
+            if callee not in left:
+                left.add(callee)
+                pending.append(callee)
+    from_main = {c for node in graph_def.node for c in called_functions(node, functions)}
+    changed = True
+    while changed:  # a callee of a rewritten body is rewritten, and so are its own callees
+        changed = False
+        for name in sorted(left - marked):
+            if name in from_main or any(
+                name in callees[caller] for caller in functions if caller not in left
+            ):
+                left.discard(name)
+                changed = True
+    return frozenset(left)
