@@ -71,7 +71,8 @@ def test_a_loops_running_sum_and_its_weight_gradient_keep_float32_precision(
         assert errors[False][0] > 0.08, errors
 
 
-def test_a_sum_of_many_small_products_keeps_growing_in_float16():
+@pytest.mark.parametrize("passed_on", ["directly", "through_identity_n"])
+def test_a_sum_of_many_small_products_keeps_growing_in_float16(passed_on):
     """Unguarded, the float16 sums stopped at 64 to 256, a mean of 128 (each addend of about
     0.04 is below half a unit there); float32's mean is 229.6."""
     rng = np.random.default_rng(0)
@@ -80,7 +81,8 @@ def test_a_sum_of_many_small_products_keeps_growing_in_float16():
 
     def summed(a, b):
         def body(i, total):
-            return i + 1, total + tf.matmul(a, b)
+            total = total + tf.matmul(a, b)
+            return i + 1, (total if passed_on == "directly" else tf.identity_n([total])[0])
 
         return tf.while_loop(lambda i, total: i < 5000, body, (0, tf.zeros((4, 4))))[1]
 

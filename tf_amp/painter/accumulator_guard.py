@@ -33,7 +33,9 @@ from tf_amp.type_attrs import BodyView
 from tf_amp.type_attrs.body_view import ARG_OP, RETVAL_OP
 
 _SUMS = frozenset({"Add", "AddV2", "Sub", "AddN"})
-# Ops a loop variable passes through unchanged on its way into or out of the sum.
+# Ops a loop variable passes through unchanged on its way into or out of the sum: their
+# output comes from their first data input (Identity; Switch, either output), or IdentityN's
+# output k from its input k.
 _PASS_THROUGH = frozenset({"Identity", "Switch"})
 
 
@@ -44,33 +46,42 @@ def accumulator_nodes(view: BodyView) -> frozenset[int]:
     has_v1_loop = "NextIteration" in view.ops
     if not (view.is_loop_body or has_v1_loop) or not _SUMS.intersection(view.ops):
         return frozenset()
-    producers: dict[int, dict[int, int]] = {}  # consumer -> input port -> producer node
+    # consumer -> input port -> (producer node, its output port)
+    producers: dict[int, dict[int, tuple[int, int]]] = {}
     consumers: dict[int, list[int]] = {}
-    for src, dst, dport in zip(view.e_src, view.e_dst, view.e_dport, strict=True):
-        producers.setdefault(dst, {})[dport] = src
+    for src, sport, dst, dport in zip(
+        view.e_src, view.e_sport, view.e_dst, view.e_dport, strict=True
+    ):
+        producers.setdefault(dst, {})[dport] = (src, sport)
         consumers.setdefault(src, []).append(dst)
 
-    def source(node: int) -> int:
-        """``node``, or what it passes through unchanged (its first data input), repeatedly."""
+    def source(tensor: tuple[int, int]) -> int:
+        """The node whose output ``tensor`` is, through the ops that pass it on unchanged."""
         seen = set()
-        while view.ops[node] in _PASS_THROUGH and node not in seen:
-            seen.add(node)
-            first = producers.get(node, {}).get(0)
-            if first is None:
+        while tensor not in seen:
+            seen.add(tensor)
+            node, port = tensor
+            op = view.ops[node]
+            if op in _PASS_THROUGH:
+                port = 0
+            elif op != "IdentityN":
                 break
-            node = first
-        return node
+            fed = producers.get(node, {}).get(port)
+            if fed is None:
+                break
+            tensor = fed
+        return tensor[0]
 
-    def sum_updating(result_of: int, variable: int) -> int | None:
-        """The sum that ``result_of`` passes on, when one of its inputs is ``variable``."""
-        node = source(result_of)
+    def sum_updating(result: tuple[int, int], variable: int) -> int | None:
+        """The sum that ``result`` passes on, when one of its inputs is ``variable``."""
+        node = source(result)
         if node >= view.num_real or view.ops[node] not in _SUMS:
             return None
         inputs = producers.get(node, {}).values()
         return node if any(source(i) == variable for i in inputs) else None
 
     # Pairs (where the next value is read, the loop variable it must come from).
-    updates: list[tuple[int | None, int]] = []
+    updates: list[tuple[tuple[int, int] | None, int]] = []
     if view.is_loop_body:
         args = [n for n in range(view.num_real, len(view.names)) if view.ops[n] == ARG_OP]
         rets = [n for n in range(view.num_real, len(view.names)) if view.ops[n] == RETVAL_OP]
