@@ -374,6 +374,57 @@ def test_model_save_round_trip(kind: str, fmt: str, tmp_path: Path) -> None:
     assert "train" in tf_keras_fit.rewritten_functions(loaded)
 
 
+LOAD_IN_A_FRESH_PROCESS = """
+import sys
+first = sys.argv[2]
+if first == "tf_amp":
+    import tf_amp
+import tensorflow as tf
+import tf_keras
+if first != "tf_amp":
+    import tf_amp
+print(type(tf_keras.models.load_model(sys.argv[1]).optimizer).__name__)
+"""
+
+
+@pytest.mark.parametrize("fmt", ["h5", "tf"])
+def test_a_saved_model_loads_where_only_tf_amp_is_imported(fmt: str, tmp_path: Path) -> None:
+    """tf_keras's .h5 and SavedModel files name the wrapper by its registered name; it was
+    registered only once a tf_keras wrapper had been made in the process, so a fresh one
+    failed with "Unknown optimizer: 'tf_amp>TfKerasLossScaleOptimizer'"."""
+    import os
+    import subprocess
+    import sys
+
+    model = _cnn()
+    model.compile(tf_amp.enable_mixed_precision_graph_rewrite(_adam("current")), "mse")
+    path = str(tmp_path / ("model" if fmt == "tf" else "model.h5"))
+    model.save(path, save_format="tf" if fmt == "tf" else None)
+    root = str(Path(__file__).resolve().parents[1])
+    env = dict(os.environ, PYTHONPATH=root, TF_CPP_MIN_LOG_LEVEL="2")
+    for first in ("tf_amp", "tf_keras"):
+        done = subprocess.run([sys.executable, "-c", LOAD_IN_A_FRESH_PROCESS, path, first],
+                              env=env, capture_output=True, text=True, timeout=240)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert done.stdout.split()[-1] == "TfKerasLossScaleOptimizer"
+
+
+def test_from_config_gives_the_tf_keras_wrapper_in_the_tf_keras_world(monkeypatch) -> None:
+    """A legacy inner optimizer (Keras 3 cannot build one), or TF_USE_LEGACY_KERAS=1, makes
+    the factory's from_config a tf_keras wrapper; it gave a Keras 3 one, which tf_keras's
+    compile refused."""
+    legacy = tf_keras.mixed_precision.LossScaleOptimizer(tf_keras.optimizers.legacy.SGD(0.1))
+    assert type(tf_amp.LossScaleOptimizer.from_config(legacy.get_config())) is (
+        TfKerasLegacyLossScaleOptimizer)
+    current = tf_amp.LossScaleOptimizer(tf_keras.optimizers.SGD(0.1)).get_config()
+    assert type(tf_amp.LossScaleOptimizer.from_config(current)).__name__ == (
+        "KerasLossScaleOptimizer")  # tf.keras 2.x configs migrate to Keras 3 by default
+    monkeypatch.setenv("TF_USE_LEGACY_KERAS", "1")
+    assert type(tf_amp.LossScaleOptimizer.from_config(current)) is TfKerasLossScaleOptimizer
+    assert {"tf_amp>TfKerasLossScaleOptimizer", "tf_amp>TfKerasLegacyLossScaleOptimizer"} <= set(
+        tf_amp.custom_objects())
+
+
 # -------------------------------------------------------------- tf_keras's mixed policy
 
 

@@ -6,9 +6,9 @@ unscale + all-finite op.
 
 Public names are resolved lazily (PEP 562) so that ``import tf_amp`` stays cheap: the startup
 hook that honours ``TF_ENABLE_AUTO_MIXED_PRECISION`` imports this package in every Python
-process, and must cost nothing measurable when the variable is unset. Once Keras and
-TensorFlow are both imported (before or after this package), it registers the Keras
-loss-scale wrapper with Keras, so files saved with it load: about 0.1 s, once.
+process, and must cost nothing measurable when the variable is unset. Once Keras (or tf_keras) and
+TensorFlow are both imported (before or after this package), it registers that framework's
+loss-scale wrappers with it, so files saved with them load: about 0.1 s, once.
 """
 
 from __future__ import annotations
@@ -132,47 +132,67 @@ def _fully_imported(name: str, last_name: str) -> bool:
     return hasattr(sys.modules.get(name), last_name)
 
 
-def _keras_and_tensorflow_imported() -> bool:
-    return _fully_imported("keras", "__version__") and _fully_imported("tensorflow", "__all__")
+# (framework module, the tf_amp module whose import registers its wrappers for loading)
+_WRAPPER_MODULES = (
+    ("keras", "tf_amp.optimizers.keras"),
+    ("tf_keras", "tf_amp.optimizers.tf_keras"),
+)
 
 
-def _register_keras_wrapper() -> None:
-    """Registers the Keras wrapper with Keras's serialization (its module's decorator), so
-    ``keras.models.load_model`` finds it in a file saved with it. It runs inside the script's
-    own import of TensorFlow or Keras, which must not fail for it: a failure is a warning.
-    Costs about 0.1 s once (the wrapper's modules and the native op)."""
+def _ready(framework: str) -> bool:
+    """Whether ``framework`` and TensorFlow have both finished importing."""
+    return _fully_imported(framework, "__version__") and _fully_imported("tensorflow", "__all__")
+
+
+def _register_wrappers(framework: str, module: str) -> None:
+    """Registers a framework's loss-scale wrappers with its serialization (their module's
+    decorators), so ``load_model`` finds them in a file saved with them. It runs inside the
+    script's own import of TensorFlow, Keras or tf_keras, which must not fail for it: a
+    failure is a warning. Costs about 0.1 s once (the wrappers' modules and the native op)."""
     try:
-        importlib.import_module("tf_amp.optimizers.keras")
+        importlib.import_module(module)
     except Exception as error:  # noqa: BLE001 - any failure here would break the user's import
         logging.getLogger("tf_amp").warning(
-            "the Keras loss-scale wrapper could not be registered with Keras (%s): load a file "
+            "the %s loss-scale wrapper could not be registered with %s (%s): load a file "
             "saved with it with custom_objects=tf_amp.custom_objects()",
+            framework,
+            framework,
             error,
         )
 
 
-def _register_keras_wrapper_once_imported() -> None:
-    """Registers the wrapper now if Keras and TensorFlow are imported, else right after both
-    are, whatever the order of the script's imports. Each imports the other, so neither one
-    finishing is enough: the second to finish registers it (a half-made module has not yet
-    got the names the wrapper's module reads), once no tf_amp module is half-made either."""
-    if _keras_and_tensorflow_imported():
-        _register_keras_wrapper()
+def _register_wrappers_once_imported() -> None:
+    """Registers each framework's wrappers (Keras 3's, tf_keras's) now if it and TensorFlow
+    are imported, else right after both are, whatever the order of the script's imports. Each
+    imports the other, so neither one finishing is enough: the second to finish registers
+    them (a half-made module has not yet got the names the wrappers' modules read), once no
+    tf_amp module is half-made either. A framework the script never imports costs nothing."""
+    waiting = []
+    for framework, module in _WRAPPER_MODULES:
+        if _ready(framework):
+            _register_wrappers(framework, module)
+        else:
+            waiting.append((framework, module))
+    if not waiting:
         return
     from tf_amp.runtime._post_import import PostImportHook
 
     def after_import(_module: Any) -> None:
-        if hook in sys.meta_path and _keras_and_tensorflow_imported():
+        if hook not in sys.meta_path:
+            return
+        for pending in list(waiting):
+            if _ready(pending[0]):
+                waiting.remove(pending)
+                _register_wrappers(*pending)
+        if not waiting:
             hook.remove()
-            _register_keras_wrapper()
 
     # Deferred while a tf_amp module is importing: ``import tf_amp.ops`` imports TensorFlow
-    # half-way through, and the wrapper's module imports names of tf_amp.ops.
-    hook = PostImportHook(
-        {"keras": after_import, "tensorflow": after_import}, defer_inside="tf_amp."
-    )
+    # half-way through, and the wrappers' modules import names of tf_amp.ops.
+    watched = ["tensorflow", *(framework for framework, _ in waiting)]
+    hook = PostImportHook(dict.fromkeys(watched, after_import), defer_inside="tf_amp.")
     hook.install()
 
 
 # Last: the lazy names above may be asked for on the way.
-_register_keras_wrapper_once_imported()
+_register_wrappers_once_imported()

@@ -99,21 +99,56 @@ class LossScaleOptimizer(metaclass=_LossScaleOptimizerType):
 
     @staticmethod
     def from_config(config: dict[str, Any], custom_objects: dict[str, Any] | None = None) -> Any:
-        """A Keras wrapper from tf_amp's config or Keras 3's, tf.keras 2.x's or TF 2.3's."""
+        """A wrapper from tf_amp's config or Keras 3's, tf.keras 2.x's or TF 2.3's.
+
+        A Keras 3 wrapper (tf.keras 2.x's configs are Keras 3's migration path), except in the
+        tf_keras world: a tf_keras legacy inner optimizer (which Keras 3 cannot build), or
+        ``TF_USE_LEGACY_KERAS=1`` (``tf.keras`` is tf_keras), gives the tf_keras wrapper."""
+        family = _tf_keras_family(config)
+        if family is not None:
+            from tf_amp.optimizers import tf_keras
+
+            cls = (tf_keras.TfKerasLegacyLossScaleOptimizer if family == "legacy"
+                   else tf_keras.TfKerasLossScaleOptimizer)
+            return cls.from_config(config, custom_objects)
         from tf_amp.optimizers.keras import KerasLossScaleOptimizer
 
         return KerasLossScaleOptimizer.from_config(config, custom_objects)
 
 
-def custom_objects() -> dict[str, Any]:
-    """``custom_objects`` for ``keras.models.load_model`` of a file saved with the wrapper.
+def _tf_keras_family(config: dict[str, Any]) -> str | None:
+    """"legacy" / "current" when ``config`` is to become a tf_keras wrapper; None for Keras 3."""
+    import os
 
-    Not needed where ``tf_amp`` is imported, before or after Keras (that registers the class
-    with Keras); useful where the loading code imports nothing from tf_amp.
+    inner = config.get("inner_optimizer", config.get("optimizer"))
+    module = inner.get("module", "") if isinstance(inner, dict) else ""
+    inner_config = inner.get("config", {}) if isinstance(inner, dict) else {}
+    legacy = module.endswith(".legacy") or inner_config.get("is_legacy_optimizer") is True
+    if legacy:
+        return "legacy"
+    if os.environ.get("TF_USE_LEGACY_KERAS", "").lower() in ("1", "true"):
+        return "current"
+    return None
+
+
+def custom_objects() -> dict[str, Any]:
+    """``custom_objects`` for ``load_model`` of a file saved with a wrapper.
+
+    Not needed where ``tf_amp`` is imported, before or after Keras or tf_keras (that registers
+    the classes with them); useful where the loading code imports nothing from tf_amp. Holds
+    the tf_keras wrappers too once tf_keras is imported (this does not import it).
     """
+    import sys
+
     from tf_amp.optimizers.keras import KerasLossScaleOptimizer
 
-    return {"tf_amp>KerasLossScaleOptimizer": KerasLossScaleOptimizer}
+    found: dict[str, Any] = {"tf_amp>KerasLossScaleOptimizer": KerasLossScaleOptimizer}
+    if "tf_keras" in sys.modules:
+        from tf_amp.optimizers import tf_keras
+
+        for cls in (tf_keras.TfKerasLossScaleOptimizer, tf_keras.TfKerasLegacyLossScaleOptimizer):
+            found[f"tf_amp>{cls.__name__}"] = cls
+    return found
 
 
 def __getattr__(name: str) -> Any:
