@@ -391,3 +391,15 @@ def test_saved_models_written_under_the_env_and_in_float32_load_either_way(tmp_p
         assert isinstance(wrapper, tf_amp.LossScaleOptimizer)
         for got, want in zip(inner_state(wrapper), inner_state(f32.optimizer), strict=True):
             np.testing.assert_array_equal(got, want)
+
+
+def test_floor_warning_skips_0_turns_the_floor_warning_off(capfd):
+    """Documented as "0 disables the warning", and refused as a count below 1."""
+    for skips, warned in ((0, False), (1, True)):
+        opt = tf_amp.LossScaleOptimizer(keras.optimizers.SGD(0.1), initial_scale=1.0,
+                                        floor_warning_skips=skips)
+        capfd.readouterr()
+        for _ in range(3):
+            sgd_step(opt, tf.Variable([5.0]), true_grad=float("inf"))
+        assert int(opt.skipped_steps) == 3
+        assert ("floor" in capfd.readouterr().err) is warned

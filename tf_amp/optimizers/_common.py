@@ -25,10 +25,10 @@ def checked_skip_limits(
 ) -> tuple[int, int | None]:
     """The two skip counts every wrapper takes, checked as the int64 counters they are compared
     with: a string, a fraction or a count below 1 was taken and then failed (or never fired)
-    at the first step."""
+    at the first step. ``floor_warning_skips=0`` turns the floor warning off, as documented."""
     from tf_amp.loss_scale._base import checked_count
 
-    floor = checked_count(floor_warning_skips, "floor_warning_skips")
+    floor = checked_count(floor_warning_skips, "floor_warning_skips (0: never warn)", minimum=0)
     if max_consecutive_skips is None:
         return floor, None
     return floor, checked_count(max_consecutive_skips, "max_consecutive_skips (or None)")
