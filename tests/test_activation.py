@@ -202,6 +202,37 @@ def test_user_modules_still_export_to_saved_model(tmp_path: Path) -> None:
     np.testing.assert_allclose(loaded(tf.ones((2, 8))).numpy(), out.numpy())
 
 
+def test_a_nested_tf_function_exports_float32_with_its_jit_mark(tmp_path: Path) -> None:
+    """TensorFlow's own trace of the outer function (export, get_concrete_function) ran the
+    inner call rewritten: the SavedModel held its half MatMul and lost its jit_compile=False
+    mark."""
+    with activation.activated():
+
+        class Net(tf.Module):
+            def __init__(self) -> None:
+                self.w = tf.Variable(tf.eye(8) * 0.5)
+
+            @tf.function(jit_compile=False)
+            def inner(self, t: tf.Tensor) -> tf.Tensor:
+                return tf.nn.relu(tf.matmul(t, self.w))
+
+            @tf.function(input_signature=[tf.TensorSpec([None, 8], tf.float32)])
+            def serve(self, t: tf.Tensor) -> tf.Tensor:
+                return tf.matmul(self.inner(t), self.w)
+
+        net = Net()
+        graph_def = net.serve.get_concrete_function().graph.as_graph_def()
+        net.serve(tf.ones((2, 8)))  # runs rewritten
+        tf.saved_model.save(net, str(tmp_path / "model"))
+        assert "MatMul" in half_ops_of_functions(net.serve.rewritten_concrete_functions())
+
+    assert half_ops(graph_def) == set()
+    (inner,) = [f for f in graph_def.library.function if "inner" in f.signature.name]
+    assert "_XlaMustCompile" in inner.attr and inner.attr["_XlaMustCompile"].b is False
+    loaded = tf.saved_model.load(str(tmp_path / "model"))
+    np.testing.assert_array_equal(loaded.serve(tf.ones((2, 8))).numpy(), np.full((2, 8), 0.25))
+
+
 def test_an_uncompiled_models_predict_is_rewritten() -> None:
     """The environment hooked a Keras 3 model at ``compile`` only: one built or loaded for
     inference ran ``predict`` float32, in silence."""

@@ -140,6 +140,8 @@ def rebuild_concrete_function(
             )
         else:
             attrs[_XLA_MUST_COMPILE] = True
+    elif jit_compile is False:
+        attrs[_XLA_MUST_COMPILE] = False  # the user's "never compile", as tf.function marks it
     rebuilt = upstream_tf.ConcreteFunction.from_func_graph(
         new_graph, original.function_type, attrs=attrs
     )

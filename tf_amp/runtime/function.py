@@ -378,6 +378,23 @@ class AmpTfFunction(upstream_tf.TfFunction):
         clone._amp().reports = self._amp().reports  # the clone's rewrites are reported here
         return clone
 
+    def get_concrete_function(self, *args: Any, **kwargs: Any) -> Any:
+        """The float32 trace, as for a plain ``tf.function`` (calls run its rewrite). Traced
+        with the flag that a tf_amp function it calls reads: TensorFlow's own trace left it
+        down, so a nested function's call ran rewritten inside this float32 trace (and a
+        SavedModel exported under the environment held its half ops, without its
+        ``jit_compile=False`` mark)."""
+        return _float32_trace(self, *args, **kwargs)
+
+    def _list_all_concrete_functions_for_serialization(self) -> list[Any]:
+        # What tf.saved_model.save asks a tf.function for (a private name: tf_amp._upstream's
+        # list says why): its traces, float32 throughout, nested tf_amp calls included.
+        _flags.tracing += 1
+        try:
+            return super()._list_all_concrete_functions_for_serialization()
+        finally:
+            _flags.tracing -= 1
+
     def rewritten_concrete_functions(self) -> list[Any]:
         """The rewritten concrete functions built so far.
 
