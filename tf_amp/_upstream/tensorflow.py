@@ -51,6 +51,9 @@ Running rewritten graphs (``tf_amp.runtime``)
     public ``tf.compat.v1.Session`` is the name the activation replaces with tf_amp's.
   * ``session_manager`` -- the module whose reference to ``session`` the activation swaps, so
     ``MonitoredSession`` and ``Supervisor`` create tf_amp sessions.
+  * ``Optional._element_spec`` (see :func:`set_optional_element_spec`) -- the multi-step
+    ``fit`` loop carries its outputs as an Optional made empty before the step is traced, as
+    Keras's own loop does.
 
 Loss scaling for unmodified scripts (``tf_amp.runtime.auto_loss_scale*``)
   * ``record.could_possibly_record`` -- whether a ``GradientTape.gradient`` call is itself being
@@ -268,6 +271,16 @@ def copy_creation_stack(op: Any, source: Any) -> None:
         pywrap_tf_session.TF_SetOpStackTrace(op._c_op, stack.get_user_frames()[:])  # noqa: SLF001
 
 
+def set_optional_element_spec(optional: Any, spec: Any) -> None:
+    """Sets the element spec of a ``tf.experimental.Optional`` made empty before it was known.
+
+    Keras's multi-step loop carries its outputs as an Optional that starts empty, with no
+    spec, and gives it the step's spec once the step is traced inside the loop
+    (``Optional._element_spec``, as Keras's ``TensorFlowTrainer._make_function`` does): there
+    is no public way to make an empty Optional of a spec known only after tracing."""
+    optional._element_spec = spec  # noqa: SLF001
+
+
 def all_saveable_objects() -> list[Any]:
     """What a ``tf.compat.v1.train.Saver`` without ``var_list`` saves."""
     return _variables._all_saveable_objects()  # noqa: SLF001
@@ -323,6 +336,7 @@ __all__ = [
     "restoring_child_names",
     "retype_tf_function",
     "session_manager",
+    "set_optional_element_spec",
     "strategy_supports_no_merge_call",
     "tensor_util",
     "tf_function",

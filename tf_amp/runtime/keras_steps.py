@@ -109,31 +109,36 @@ def _make_step_function(model: Any, step_function: Any, kind: str, config: Any) 
     def multi_step_on_iterator(iterator: Any) -> Any:
         if steps == 1:
             return tf.experimental.Optional.from_value(one_step_on_data(iterator.get_next()))
-        # Run the first step outside the loop: it fixes the output structure (Optional spec)
-        # the loop carries; then run the remaining steps while data lasts.
-        # get_next() raises OutOfRangeError at the end of data, which fit() catches.
-        outputs = one_step_on_data(iterator.get_next())
-        flat = tf.nest.flatten(outputs)
+        # Keras's own loop: every step, the first included, runs only on data that is there
+        # (an Optional), so the call that meets the end of the data runs no step. A first
+        # step run on get_next() outside the loop still ran its state updates that read no
+        # data (the optimizer's iterations) in that call: one extra step per epoch of a
+        # dataset of unknown length. The outputs' spec is known once the step is traced.
+        empty = tf.experimental.Optional.empty(None)
 
-        def cond(i: Any, *_: Any) -> Any:
-            return tf.less(i, steps)
+        def cond(i: Any, outputs: Any, upcoming: Any) -> Any:
+            return tf.logical_and(tf.less(i, steps), upcoming.has_value())
 
-        def body(i: Any, *carried: Any) -> Any:
-            nxt = iterator.get_next_as_optional()
-
+        def body(i: Any, outputs: Any, upcoming: Any) -> Any:
             def run() -> Any:
-                return tf.nest.flatten(one_step_on_data(nxt.get_value()))
+                ran = tf.experimental.Optional.from_value(one_step_on_data(upcoming.get_value()))
+                upstream_tf.set_optional_element_spec(empty, ran.element_spec)
+                return ran
 
-            def stop() -> Any:
-                return list(carried)
+            def keep() -> Any:
+                upstream_tf.set_optional_element_spec(outputs, empty.element_spec)
+                return outputs
 
-            new = tf.cond(nxt.has_value(), run, stop)
-            i = tf.where(nxt.has_value(), i + 1, steps)
-            return (i, *new)
+            new = tf.cond(upcoming.has_value(), run, keep)
+            following = tf.cond(
+                tf.less(i + 1, steps), iterator.get_next_as_optional, lambda: upcoming
+            )
+            return i + 1, new, following
 
-        result = tf.while_loop(cond, body, (tf.constant(1), *flat))
-        outputs = tf.nest.pack_sequence_as(outputs, list(result[1:]))
-        return tf.experimental.Optional.from_value(outputs)
+        start = (tf.constant(0), empty, iterator.get_next_as_optional())
+        _, final, _ = tf.while_loop(cond, body, start)
+        upstream_tf.set_optional_element_spec(final, empty.element_spec)
+        return final
 
     if not model.run_eagerly:
         # TensorFlow's own tf.function: the public name may point at tf_amp's (activation).
