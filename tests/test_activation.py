@@ -1385,3 +1385,37 @@ def test_env_tf1_saver_restores_a_float32_checkpoint(tmp_path: Path) -> None:
     assert not np.array_equal(printed(resumed, "trained w:"), w_saved)  # and trains on
     amp_names = {name for name, _ in tf.train.list_variables(ckpt + "_amp")}
     assert any(name.endswith("loss_scale_scale") for name in amp_names)
+
+
+TF1_OPTIMIZER_VARIABLES_SCRIPT = """
+import numpy as np
+import tensorflow.compat.v1 as tf
+tf.disable_eager_execution()
+step = tf.train.get_or_create_global_step()
+w = tf.get_variable("w", [3, 1], initializer=tf.ones_initializer())
+loss = tf.reduce_mean(tf.square(tf.matmul(tf.ones([4, 3]), w) - 1.0))
+opt = tf.train.AdamOptimizer(0.1)
+train = opt.minimize(loss, global_step=step)
+other = tf.train.GradientDescentOptimizer(0.1)
+plain = other.apply_gradients(zip(tf.gradients(loss, [w]), [w]))  # the BERT recipe
+with tf.Session() as sess:
+    sess.run(tf.variables_initializer([w, step]))
+    sess.run(tf.variables_initializer(opt.variables()))  # a fresh optimizer state
+    for _ in range(3):
+        sess.run(train)
+    print("names:", sorted(v.op.name.split("/")[-1] for v in opt.variables()))
+    print("steps:", sess.run(step))
+"""
+
+
+def test_env_tf1_optimizer_variables_hold_the_loss_scale_state(tmp_path: Path) -> None:
+    """``opt.variables()`` left out the state of the wrapper the environment put around the
+    optimizer: initializing (or saving) an optimizer by its variables left it uninitialized,
+    and the next step failed. And ``tf.gradients`` + ``apply_gradients``, which tf_amp cannot
+    scale, says so."""
+    script = _write(tmp_path, "tf1.py", TF1_OPTIMIZER_VARIABLES_SCRIPT)
+    out = _run(script, tmp_path, {ENV_ENABLE: "1"})
+    assert "loss_scale_scale" in out.split("names:")[1].splitlines()[0]
+    assert 1 <= int(out.split("steps:")[1].split()[0]) <= 3  # a step may skip at 2**15
+    assert "GradientDescentOptimizer.apply_gradients() got gradients that tf_amp did not" in out
+    assert "AdamOptimizer.apply_gradients() got gradients" not in out

@@ -182,6 +182,7 @@ def _patch_tensorflow(tf: Any) -> None:
                 auto_loss_scale_v1.v1_compute_gradients_patch))
             _patch(v1_optimizer, "apply_gradients", _for_user_callers(
                 auto_loss_scale_v1.v1_apply_gradients_patch))
+            _patch(v1_optimizer, "variables", auto_loss_scale_v1.v1_variables_patch)
             _patch(tf.GradientTape, "gradient", _for_user_callers(auto_loss_scale.gradient_patch))
             saver = tf.compat.v1.train.Saver
             _patch(saver, "__init__", auto_loss_scale_v1.saver_init_patch)

@@ -156,6 +156,9 @@ def v1_apply_gradients_patch(
 
     def apply_gradients(self: Any, grads_and_vars: Any, *args: Any, **kwargs: Any) -> Any:
         wrapper = v1_wrapper_of(self)
+        in_tf1_graph = not tf.compat.v1.executing_eagerly_outside_functions()
+        if wrapper is None and in_tf1_graph and is_user_caller() and not _passes_through(self):
+            _say_gradients_not_scaled(self)
         if wrapper is None or _passes_through(self) or not is_user_caller():
             return original(self, grads_and_vars, *args, **kwargs)
         with _inside_wrapper():
@@ -163,6 +166,46 @@ def v1_apply_gradients_patch(
 
     apply_gradients.__wrapped__ = original  # type: ignore[attr-defined]
     return apply_gradients
+
+
+def _say_gradients_not_scaled(optimizer: Any) -> None:
+    """In a TF1 graph, an ``apply_gradients`` with no ``compute_gradients`` / ``minimize`` of
+    the same optimizer before it got gradients tf_amp did not scale (``tf.gradients``, the
+    BERT recipe): their small values may underflow float16, and nothing says so otherwise."""
+    from tf_amp._say_once import say_once
+
+    say_once(
+        ("v1 apply of unscaled gradients", id(optimizer)),
+        logging.WARNING,
+        "%s.apply_gradients() got gradients that tf_amp did not loss-scale (computed with "
+        "tf.gradients, not this optimizer's compute_gradients or minimize): under "
+        "TF_ENABLE_AUTO_MIXED_PRECISION they are applied unscaled, and small float16 "
+        "gradients may underflow to 0. Use opt.compute_gradients(loss), or wrap the optimizer "
+        "in tf_amp.LossScaleOptimizer and scale the loss with get_scaled_loss().",
+        type(optimizer).__name__,
+    )
+
+
+def v1_variables_patch(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``Optimizer.variables()`` with the state of the optimizer's loss-scale wrapper, which
+    the environment made and the script cannot see: ``tf.variables_initializer(
+    opt.variables())`` and ``Saver(... + opt.variables())`` (resetting or saving an
+    optimizer) left it uninitialized or unsaved, and the next step failed."""
+
+    def variables(self: Any) -> Any:
+        found = original(self)
+        wrapper = v1_wrapper_of(self)
+        state = getattr(wrapper, "_state_vars", None) if wrapper is not None else None
+        if not state:
+            return found
+        graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+        ids = {id(v) for v in found}
+        extra = [v for v in state
+                 if id(v) not in ids and (graph is None or getattr(v, "graph", None) is graph)]
+        return list(found) + extra
+
+    variables.__wrapped__ = original  # type: ignore[attr-defined]
+    return variables
 
 
 def _loss_scale_field(value: Any) -> str | None:
