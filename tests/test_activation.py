@@ -103,7 +103,7 @@ def _patched_attributes() -> list[tuple[Any, str]]:
         (v1_opt, "minimize"),
         (v1_opt, "compute_gradients"),
         (v1_opt, "apply_gradients"),
-        (tf.compat.v1.train.Saver, "__init__"),
+        (tf.compat.v1.train.Saver, "build"),
         (tf.compat.v1.train.Saver, "restore"),
         (keras.Model, "compile"),
         *((upstream_keras.TensorFlowTrainer, name) for name in (

@@ -153,11 +153,13 @@ def test_saver_round_trip_and_resume_follow_one_schedule(tmp_path):
     assert resumed_state[0] == straight_state[0] and resumed_state[2] == 2
 
 
+@pytest.mark.parametrize("deferred", [False, True], ids=["built", "defer_build"])
 @pytest.mark.parametrize("written_by", ["tensorflow_wrapper", "float32"])
-def test_saver_restores_a_checkpoint_without_tf_amps_state(tmp_path, written_by):
+def test_saver_restores_a_checkpoint_without_tf_amps_state(tmp_path, written_by, deferred):
     """A Saver checkpoint of TF1's own MixedPrecisionLossScaleOptimizer (its scale is
     `current_loss_scale`, its counter `good_steps`) or of float32 training restores into the
-    wrapper; a plain Saver failed on the first missing `loss_scale_*` key."""
+    wrapper; a plain Saver failed on the first missing `loss_scale_*` key (under the
+    environment too when the Saver was built after `defer_build=True`)."""
     path = os.path.join(tmp_path, "model")
     with tf.Graph().as_default():
         w = v1.get_variable("w", initializer=tf.constant([1.0, 2.0]))
@@ -180,7 +182,10 @@ def test_saver_restores_a_checkpoint_without_tf_amps_state(tmp_path, written_by)
         wrapper.minimize(tf.reduce_sum(w * 3.0), global_step=v1.train.get_or_create_global_step())
         with v1.Session() as sess:
             sess.run(v1.global_variables_initializer())
-            v1.train.Saver().restore(sess, path)
+            saver = v1.train.Saver(defer_build=deferred)
+            if deferred:  # built later, as the old Estimator did
+                saver.build()
+            saver.restore(sess, path)
             np.testing.assert_array_equal(sess.run(w), saved_w)
             scale, good_steps, skipped, _, _ = sess.run(wrapper._state_vars)
     if written_by == "tensorflow_wrapper":

@@ -39,7 +39,7 @@ def _activation_keys() -> set[tuple[Any, str]]:
         (v1_opt, "compute_gradients"),
         (v1_opt, "apply_gradients"),
         (v1_opt, "variables"),
-        (tf.compat.v1.train.Saver, "__init__"),
+        (tf.compat.v1.train.Saver, "build"),
         (tf.compat.v1.train.Saver, "restore"),
         (upstream_keras.Trainer, "compile"),
         # the step builders' late hook: a model never compiled under the switch (predict)

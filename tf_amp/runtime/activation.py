@@ -185,7 +185,7 @@ def _patch_tensorflow(tf: Any) -> None:
             _patch(v1_optimizer, "variables", auto_loss_scale_v1.v1_variables_patch)
             _patch(tf.GradientTape, "gradient", _for_user_callers(auto_loss_scale.gradient_patch))
             saver = tf.compat.v1.train.Saver
-            _patch(saver, "__init__", auto_loss_scale_v1.saver_init_patch)
+            _patch(saver, "build", auto_loss_scale_v1.saver_build_patch)
             _patch(saver, "restore", auto_loss_scale_v1.saver_restore_patch)
             # Registers the fused unscale op now (3 ms), not at its first use: a meta graph or
             # TF1 SavedModel that an earlier loss-scaled run wrote holds it, and importing one

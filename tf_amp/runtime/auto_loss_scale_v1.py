@@ -220,38 +220,40 @@ def install_saver_patches() -> None:
     from tf_amp.runtime._patches import REGISTRY
 
     saver = tf.compat.v1.train.Saver
-    REGISTRY.acquire(SAVER_HOLDER, saver, "__init__", saver_init_patch)
+    REGISTRY.acquire(SAVER_HOLDER, saver, "build", saver_build_patch)
     REGISTRY.acquire(SAVER_HOLDER, saver, "restore", saver_restore_patch)
 
 
 SAVER_HOLDER = "tf_amp.optimizers.v1 (Saver of loss-scale state)"
 
 
-def saver_init_patch(original: Callable[..., Any]) -> Callable[..., Any]:
-    """``tf.compat.v1.train.Saver.__init__`` that also builds, when the saver covers the loss-
-    scale state of a v1 wrapper, a second saver without it (see the restore patch).
+def saver_build_patch(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``tf.compat.v1.train.Saver.build`` (which ``__init__`` calls, or the script itself after
+    ``defer_build=True``) that also builds, when the saver covers the loss-scale state of a v1
+    wrapper, a second saver without it (see the restore patch).
 
     Built now, at graph construction: by restore time a MonitoredTrainingSession has
     finalized the graph."""
 
-    def __init__(self: Any, var_list: Any = None, *args: Any, **kwargs: Any) -> None:
-        original(self, var_list, *args, **kwargs)
-        if kwargs.get("defer_build") or tf.executing_eagerly():
+    def build(self: Any) -> None:
+        original(self)
+        if "_tf_amp_without_state" in self.__dict__:
             return
+        var_list = self._var_list  # noqa: SLF001 - what this saver was asked to cover
         covered = var_list if var_list is not None else upstream_tf.all_saveable_objects()
         if isinstance(covered, dict):
-            ours = [v for v in covered.values() if _loss_scale_field(v)]
+            ours = [(k, v) for k, v in covered.items() if _loss_scale_field(v)]
             rest: Any = {k: v for k, v in covered.items() if not _loss_scale_field(v)}
         else:
-            ours = [v for v in covered if _loss_scale_field(v)]
+            ours = [(v.op.name, v) for v in covered if _loss_scale_field(v)]
             rest = [v for v in covered if not _loss_scale_field(v)]
         if ours and rest:
             # A saver over `rest` covers no loss-scale state, so this patch does not recurse.
-            fallback = type(self)(rest, sharded=kwargs.get("sharded", False))
+            fallback = type(self)(rest, sharded=self._sharded)  # noqa: SLF001
             self.__dict__["_tf_amp_without_state"] = (fallback, ours)
 
-    __init__.__wrapped__ = original  # type: ignore[attr-defined]
-    return __init__
+    build.__wrapped__ = original  # type: ignore[attr-defined]
+    return build
 
 
 # TF1's MixedPrecisionLossScaleOptimizer names its dynamic scale's two variables so.
@@ -278,14 +280,15 @@ def saver_restore_patch(original: Callable[..., Any]) -> Callable[..., Any]:
             saved = {name: shape for name, shape in tf.train.list_variables(save_path)}
         except (tf.errors.OpError, ValueError):
             return original(self, sess, save_path)  # let the Saver report what is wrong
-        if all(v.op.name in saved for v in ours):
+        if all(key in saved for key, _ in ours):
             return original(self, sess, save_path)
         fallback.restore(sess, save_path)
-        scales = [v for v in ours if _loss_scale_field(v) == "scale"]
+        scales = [v for _, v in ours if _loss_scale_field(v) == "scale"]
         from_tf1 = len(scales) == 1 and all(name in saved for name in _TF1_NAMES.values())
         loads, fresh = [], []
-        for variable in ours:
+        for own_key, variable in ours:
             key = _TF1_NAMES.get(_loss_scale_field(variable)) if from_tf1 else None
+            key = own_key if own_key in saved else key
             if key is not None and saved[key] == []:
                 loads.append(variable.assign(tf.train.load_variable(save_path, key)))
             else:
