@@ -42,6 +42,12 @@ class UnscaleAndCheckFiniteGpuOp : public OpKernel {
   void Compute(OpKernelContext* context) override {
     const int num_grads = context->num_inputs() - 1;
     const Tensor& scale = context->input(num_grads);
+    // As the CPU kernel checks: the launcher reads one float from the device, so a scale of
+    // another shape (unknown rank passes the shape function) was read past or in part.
+    OP_REQUIRES(context, ::tensorflow::TensorShapeUtils::IsScalar(scale.shape()),
+                ::tensorflow::errors::InvalidArgument(
+                    "TfAmpUnscaleAndCheckFinite: scale must be a scalar, got shape ",
+                    scale.shape().DebugString()));
     Tensor* all_finite = nullptr;
     OP_REQUIRES_OK(context, context->allocate_output(num_grads, TensorShape({}), &all_finite));
 
