@@ -249,7 +249,8 @@ def saver_build_patch(original: Callable[..., Any]) -> Callable[..., Any]:
             rest = [v for v in covered if not _loss_scale_field(v)]
         if ours and rest:
             # A saver over `rest` covers no loss-scale state, so this patch does not recurse.
-            fallback = type(self)(rest, sharded=self._sharded)  # noqa: SLF001
+            # Read as this saver reads: sharded, and reshaping if it was asked to.
+            fallback = type(self)(rest, sharded=self._sharded, reshape=self._reshape)  # noqa: SLF001
             self.__dict__["_tf_amp_without_state"] = (fallback, ours)
 
     build.__wrapped__ = original  # type: ignore[attr-defined]
