@@ -180,11 +180,13 @@ def test_saver_restores_a_checkpoint_without_tf_amps_state(tmp_path, written_by,
         wrapper = tf_amp.LossScaleOptimizer(v1.train.AdamOptimizer(0.01),
                                             DynamicLossScale(4.0, growth_interval=3))
         wrapper.minimize(tf.reduce_sum(w * 3.0), global_step=v1.train.get_or_create_global_step())
+        init = v1.global_variables_initializer()
+        saver = v1.train.Saver(defer_build=deferred)
+        if deferred:  # built later, as the old Estimator did
+            saver.build()
+        tf.compat.v1.get_default_graph().finalize()  # as a MonitoredTrainingSession does
         with v1.Session() as sess:
-            sess.run(v1.global_variables_initializer())
-            saver = v1.train.Saver(defer_build=deferred)
-            if deferred:  # built later, as the old Estimator did
-                saver.build()
+            sess.run(init)
             saver.restore(sess, path)
             np.testing.assert_array_equal(sess.run(w), saved_w)
             scale, good_steps, skipped, _, _ = sess.run(wrapper._state_vars)

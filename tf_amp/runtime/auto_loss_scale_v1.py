@@ -286,16 +286,18 @@ def saver_restore_patch(original: Callable[..., Any]) -> Callable[..., Any]:
         fallback.restore(sess, save_path)
         scales = [v for _, v in ours if _loss_scale_field(v) == "scale"]
         from_tf1 = len(scales) == 1 and all(name in saved for name in _TF1_NAMES.values())
-        loads, fresh = [], []
+        # Values go in through the variables' own initializers, fed: by restore time a
+        # MonitoredTrainingSession has finalized the graph, so no op may be added now.
+        feeds, initializers, loaded = {}, [], 0
         for own_key, variable in ours:
             key = _TF1_NAMES.get(_loss_scale_field(variable)) if from_tf1 else None
             key = own_key if own_key in saved else key
+            initializers.append(variable.initializer)
             if key is not None and saved[key] == []:
-                loads.append(variable.assign(tf.train.load_variable(save_path, key)))
-            else:
-                fresh.append(variable.initializer)
-        sess.run(loads + fresh)
-        if loads:
+                feeds[variable.initializer.inputs[1]] = tf.train.load_variable(save_path, key)
+                loaded += key in _TF1_NAMES.values()
+        sess.run(initializers, feeds)
+        if loaded:
             what = ("holds TensorFlow's MixedPrecisionLossScaleOptimizer state: its "
                     "current_loss_scale and good_steps restored")
         else:
