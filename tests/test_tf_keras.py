@@ -11,6 +11,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -419,10 +420,19 @@ def test_from_config_gives_the_tf_keras_wrapper_in_the_tf_keras_world(monkeypatc
     current = tf_amp.LossScaleOptimizer(tf_keras.optimizers.SGD(0.1)).get_config()
     assert type(tf_amp.LossScaleOptimizer.from_config(current)).__name__ == (
         "KerasLossScaleOptimizer")  # tf.keras 2.x configs migrate to Keras 3 by default
+    from tf_amp.optimizers import _tf_keras_family
+
+    keras3 = tf_amp.LossScaleOptimizer(keras.optimizers.SGD(0.1)).get_config()
+    no_module = dict(keras3, inner_optimizer=dict(keras3["inner_optimizer"], module=None,
+                                                  config=None))
+    assert _tf_keras_family(no_module) is None  # an AttributeError at first
     monkeypatch.setenv("TF_USE_LEGACY_KERAS", "1")
     assert type(tf_amp.LossScaleOptimizer.from_config(current)) is TfKerasLossScaleOptimizer
     assert {"tf_amp>TfKerasLossScaleOptimizer", "tf_amp>TfKerasLegacyLossScaleOptimizer"} <= set(
         tf_amp.custom_objects())
+    # A Keras 3 optimizer's config stays Keras 3 there (its own keys say so).
+    assert type(tf_amp.LossScaleOptimizer.from_config(keras3)).__name__ == (
+        "KerasLossScaleOptimizer")
 
 
 # -------------------------------------------------------------- tf_keras's mixed policy

@@ -8,6 +8,7 @@ optimizer); ``tf.compat.v1.train.Optimizer`` instances get
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from tf_amp.optimizers import _common
@@ -116,17 +117,27 @@ class LossScaleOptimizer(metaclass=_LossScaleOptimizerType):
         return KerasLossScaleOptimizer.from_config(config, custom_objects)
 
 
-def _tf_keras_family(config: dict[str, Any]) -> str | None:
-    """"legacy" / "current" when ``config`` is to become a tf_keras wrapper; None for Keras 3."""
-    import os
+# Keys only Keras 3 optimizers write in their configs (tf_keras's write is_legacy_optimizer).
+_KERAS3_ONLY_KEYS = frozenset({"loss_scale_factor", "gradient_accumulation_steps"})
 
+
+def _tf_keras_family(config: dict[str, Any]) -> str | None:
+    """"legacy" / "current" when ``config`` is to become a tf_keras wrapper; None for Keras 3.
+
+    Read from the inner optimizer's config first: a legacy module or ``is_legacy_optimizer``
+    is tf_keras's legacy family, Keras 3's own keys are Keras 3 whatever the environment. A
+    current tf_keras config (tf.keras 2.x's too) is Keras 3's to migrate, unless
+    ``TF_USE_LEGACY_KERAS`` says tf.keras is tf_keras."""
     inner = config.get("inner_optimizer", config.get("optimizer"))
-    module = inner.get("module", "") if isinstance(inner, dict) else ""
-    inner_config = inner.get("config", {}) if isinstance(inner, dict) else {}
-    legacy = module.endswith(".legacy") or inner_config.get("is_legacy_optimizer") is True
-    if legacy:
+    if not isinstance(inner, dict):
+        return None
+    module = inner.get("module") or ""
+    inner_config = inner.get("config") or {}
+    if module.endswith(".legacy") or inner_config.get("is_legacy_optimizer") is True:
         return "legacy"
-    if os.environ.get("TF_USE_LEGACY_KERAS", "").lower() in ("1", "true"):
+    if _KERAS3_ONLY_KEYS.intersection(inner_config):
+        return None
+    if os.environ.get("TF_USE_LEGACY_KERAS", "") in ("1", "true", "True"):
         return "current"
     return None
 
