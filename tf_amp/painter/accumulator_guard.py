@@ -14,17 +14,23 @@ half sum can leave float16's range where float32's does not.
 
 TensorFlow's pass paints such an ``AddV2`` half when the addend comes out of a half op (its
 pass 4: an infer op fed by a half op); ``torch.autocast`` would not (float32 + float16
-promotes to float32). The guard keeps the sum float32. It costs no Cast: the loop variable is
-float32 either way (a body's signature does not change), so a half sum needed the running
-value cast to half and the result back to float32 every iteration; guarded, only the addend
-is cast up.
+promotes to float32). The guard keeps the update float32. In a ``While`` body function it
+costs no Cast: the loop variable is float32 either way (a body's signature does not change),
+so a half sum needed the running value cast to half and the result back to float32 every
+iteration; guarded, only the addend is cast up. A TF1 loop (and a functional one lowered by
+inlining) has no such boundary: its loop variable (``Merge``, ``Switch``, ``NextIteration``)
+would take the colour of its neighbours and round the float32 sum back to half every
+iteration, so the guard keeps that chain float32 too.
 
-Which nodes: an ``Add`` / ``AddV2`` / ``Sub`` / ``AddN`` whose result becomes loop variable
-``k``'s next value and one of whose inputs is loop variable ``k`` (through ``Identity``
-nodes): in a ``While`` body function, return ``k`` and argument ``k``; in a TF1 loop (and a
-functional loop lowered by inlining), the ``NextIteration`` feeding a ``Merge`` and that
-``Merge``'s value in the body (through its ``Switch``). ``RewriteConfig(guard_accumulators=
-False)`` / ``TF_AMP_GUARD_ACCUMULATORS=0`` turns it off.
+Which nodes: those on a path from loop variable ``k``'s next value back to its value in the
+body (in a ``While`` body function, return ``k`` and argument ``k``; in a TF1 loop, the
+``NextIteration`` feeding a ``Merge`` and that ``Merge``), through sums (``Add``, ``AddV2``,
+``AddN``, and ``Sub`` by its first input: ``acc + x + y``, two ``+=``, ``acc - x``), ops that
+pass a value on (``Identity``, ``IdentityN``, ``Switch``, ``Reshape``, ``EnsureShape``, a
+``Select``'s branches: a masked RNN state) and products by a constant (a decay:
+``0.999 * acc + x``), when at least one sum is among them. ``x - acc`` alternates rather than
+accumulates and is left alone. ``RewriteConfig(guard_accumulators=False)`` /
+``TF_AMP_GUARD_ACCUMULATORS=0`` turns it off.
 """
 
 from __future__ import annotations
@@ -33,16 +39,23 @@ from tf_amp.type_attrs import BodyView
 from tf_amp.type_attrs.body_view import ARG_OP, RETVAL_OP
 
 _SUMS = frozenset({"Add", "AddV2", "Sub", "AddN"})
-# Ops a loop variable passes through unchanged on its way into or out of the sum: their
-# output comes from their first data input (Identity; Switch, either output), or IdentityN's
-# output k from its input k.
-_PASS_THROUGH = frozenset({"Identity", "Switch"})
+# Ops that pass a value on, and which of their inputs carry it (None: output k <- input k).
+_CARRIERS: dict[str, tuple[int, ...] | None] = {
+    "Identity": (0,),
+    "Switch": (0,),
+    "Reshape": (0,),
+    "EnsureShape": (0,),
+    "Select": (1, 2),
+    "SelectV2": (1, 2),
+    "IdentityN": None,
+}
+_SCALINGS = frozenset({"Mul"})  # a product by a constant (a decay)
 
 
 def accumulator_nodes(view: BodyView) -> frozenset[int]:
-    """Indices of the sums in ``view`` that update a loop variable from itself: in a ``While``
-    body function (``view.is_loop_body``: its argument ``k`` and return ``k`` are one loop
-    variable), and in TF1 loops of any body, found by their ``NextIteration`` nodes."""
+    """Indices of the nodes in ``view`` that update a loop variable from itself (see the
+    module docstring): in a ``While`` body function (``view.is_loop_body``) and in TF1 loops
+    of any body, found by their ``NextIteration`` nodes."""
     has_v1_loop = "NextIteration" in view.ops
     if not (view.is_loop_body or has_v1_loop) or not _SUMS.intersection(view.ops):
         return frozenset()
@@ -55,45 +68,75 @@ def accumulator_nodes(view: BodyView) -> frozenset[int]:
         producers.setdefault(dst, {})[dport] = (src, sport)
         consumers.setdefault(src, []).append(dst)
 
-    def source(tensor: tuple[int, int]) -> int:
-        """The node whose output ``tensor`` is, through the ops that pass it on unchanged."""
-        seen = set()
-        while tensor not in seen:
-            seen.add(tensor)
-            node, port = tensor
-            op = view.ops[node]
-            if op in _PASS_THROUGH:
-                port = 0
-            elif op != "IdentityN":
-                break
-            fed = producers.get(node, {}).get(port)
-            if fed is None:
-                break
-            tensor = fed
-        return tensor[0]
-
-    def sum_updating(result: tuple[int, int], variable: int) -> int | None:
-        """The sum that ``result`` passes on, when one of its inputs is ``variable``."""
-        node = source(result)
-        if node >= view.num_real or view.ops[node] not in _SUMS:
-            return None
-        inputs = producers.get(node, {}).values()
-        return node if any(source(i) == variable for i in inputs) else None
-
-    # Pairs (where the next value is read, the loop variable it must come from).
-    updates: list[tuple[tuple[int, int] | None, int]] = []
+    found: set[int] = set()
     if view.is_loop_body:
         args = [n for n in range(view.num_real, len(view.names)) if view.ops[n] == ARG_OP]
         rets = [n for n in range(view.num_real, len(view.names)) if view.ops[n] == RETVAL_OP]
         for ret, key in zip(rets, view.ret_keys, strict=True):
             k = view.ret_positions.get(key, len(args))
-            if k < len(args):
-                updates.append((producers.get(ret, {}).get(0), args[k]))
+            fed = producers.get(ret, {}).get(0)
+            if k < len(args) and fed is not None:
+                found |= _update_path(view, producers, fed, args[k])
     if has_v1_loop:
         for node in range(view.num_real):
-            if view.ops[node] == "NextIteration":
-                fed = producers.get(node, {}).get(0)
-                merges = [m for m in consumers.get(node, ()) if view.ops[m] == "Merge"]
-                updates.extend((fed, merge) for merge in merges)
-    found = (sum_updating(fed, variable) for fed, variable in updates if fed is not None)
-    return frozenset(node for node in found if node is not None)
+            if view.ops[node] != "NextIteration":
+                continue
+            fed = producers.get(node, {}).get(0)
+            merges = [m for m in consumers.get(node, ()) if view.ops[m] == "Merge"]
+            for merge in merges:
+                path = _update_path(view, producers, fed, merge) if fed is not None else set()
+                if path:  # the loop variable itself stays float32 with its sum
+                    found |= path | {node, merge}
+    return frozenset(n for n in found if n < view.num_real)
+
+
+def _update_path(
+    view: BodyView,
+    producers: dict[int, dict[int, tuple[int, int]]],
+    next_value: tuple[int, int],
+    variable: int,
+) -> set[int]:
+    """The nodes on paths from ``next_value`` back to ``variable`` through sums, carriers and
+    products by a constant; empty unless such a path exists with a sum on it."""
+    on_path: dict[tuple[int, int], bool] = {}
+    visiting: set[tuple[int, int]] = set()
+    nodes: set[int] = set()
+
+    def inputs_followed(node: int, port: int) -> list[tuple[int, int]]:
+        op = view.ops[node]
+        fed = producers.get(node, {})
+        if op == "Sub":  # acc - x accumulates; x - acc does not (it alternates)
+            return [fed[0]] if 0 in fed else []
+        if op in _SUMS:
+            return list(fed.values())
+        if op in _CARRIERS:
+            ports = _CARRIERS[op]
+            wanted = (port,) if ports is None else ports
+            return [fed[p] for p in wanted if p in fed]
+        if op in _SCALINGS:
+            values = list(fed.values())
+            if any(view.ops[src] == "Const" for src, _ in values):
+                return [v for v in values if view.ops[v[0]] != "Const"]
+        return []
+
+    def reaches(tensor: tuple[int, int]) -> bool:
+        node = tensor[0]
+        if node == variable:
+            return True
+        if tensor in on_path:
+            return on_path[tensor]
+        if tensor in visiting or node >= view.num_real:
+            return False
+        visiting.add(tensor)
+        hit = False
+        for source in inputs_followed(*tensor):
+            hit |= reaches(source)  # every input: each path's nodes are collected
+        visiting.discard(tensor)
+        on_path[tensor] = hit
+        if hit:
+            nodes.add(node)
+        return hit
+
+    if not reaches(next_value):
+        return set()
+    return nodes if any(view.ops[n] in _SUMS for n in nodes) else set()

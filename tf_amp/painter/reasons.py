@@ -156,9 +156,9 @@ class Block(str, enum.Enum):
     )
     LOOP_ACCUMULATOR = (
         "loop-accumulator",
-        "{op} adds to a loop variable its own previous value (a running sum): kept float32, "
-        "as half rounding would lose each addend that falls below half a unit of the sum "
-        "(tf_amp.painter.accumulator_guard)",
+        "{op} is part of a loop's running sum (a loop variable updated from its own previous "
+        "value): kept float32, as half rounding would lose each addend that falls below half "
+        "a unit of the sum (tf_amp.painter.accumulator_guard)",
     )
     TABLE_SELECTION = (
         "table-selection",
