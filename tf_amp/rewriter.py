@@ -44,7 +44,7 @@ from tf_amp.type_attrs import (
     function_op_info,
     read_node_columns,
 )
-from tf_amp.type_attrs.exclude import input_pipeline_functions
+from tf_amp.type_attrs.exclude import dataset_loop_bodies, input_pipeline_functions
 
 logger = logging.getLogger("tf_amp")
 # Set (True) on the records that restate a rewrite's report: what it converted, or that it
@@ -188,7 +188,7 @@ def _rewrite(
     saved_gradient_types = frozenset(
         g.registered_op_type for g in out.library.registered_gradients
     )
-    loop_bodies = _while_body_names(views)
+    loop_bodies = _while_body_names(views) | dataset_loop_bodies(out)
     for (name, _, _), view in zip(bodies, views, strict=True):
         view.saved_gradient_types = saved_gradient_types
         view.is_loop_body = name in loop_bodies

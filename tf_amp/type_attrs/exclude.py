@@ -196,17 +196,25 @@ def input_pipeline_functions(graph_def: Any) -> frozenset[str]:
     rewrite leaves as they are, as TensorFlow's pass does.
 
     Grappler's meta optimizer skips every function marked ``_tf_data_function`` (a ``map``,
-    ``filter``, ``reduce`` or ``scan`` function: tf.data optimizes them itself), and its GPU
-    pass leaves them float32. They run on the host CPU, where half kernels are slow, and a
-    ``Dataset.reduce`` summing in half lost its addends (30.0006 came out 4.0 in bfloat16).
-    Also left: the functions only such functions call; one that a rewritten body calls too is
-    one body, rewritten.
+    ``filter`` or ``interleave`` function: tf.data optimizes them itself), and its GPU pass leaves
+    them float32. They run on the host CPU, where half kernels are slow. Also left: the
+    functions only such functions call; one that a rewritten body calls too is one body,
+    rewritten.
+
+    Not left: a ``ReduceDataset``'s or ``ScanDataset``'s function (:data:`DATASET_LOOP_OPS`).
+    It is the body of a loop over a dataset (``for x in dataset:`` in a ``tf.function``, which
+    AutoGraph turns into a scan and a reduce, or ``Dataset.reduce``), where a training loop's
+    model runs: TensorFlow's pass leaves it float32, which took a whole ``tf.function``
+    training loop out of mixed precision. It is rewritten as a loop body, its running state
+    under the accumulator guard (a reduce summing in half lost its addends: 30.0006 came out
+    4.0 in bfloat16).
     """
     library = graph_def.library.function
     functions = {f.signature.name: f for f in library}
+    loops = dataset_loop_bodies(graph_def)
     marked = {
         name for name, f in functions.items()
-        if "_tf_data_function" in f.attr and f.attr["_tf_data_function"].b
+        if "_tf_data_function" in f.attr and f.attr["_tf_data_function"].b and name not in loops
     }
     if not marked:
         return frozenset()
@@ -232,3 +240,20 @@ def input_pipeline_functions(graph_def: Any) -> frozenset[str]:
                 left.discard(name)
                 changed = True
     return frozenset(left)
+
+
+DATASET_LOOP_OPS = frozenset({"ReduceDataset", "ScanDataset"})
+"""Dataset ops whose ``f`` is a loop body over the dataset: ``f(state..., element...)``
+returns the next state first (a scan then its output), so its return ``k`` is its argument
+``k``'s next value. AutoGraph runs ``for x in dataset:`` as a scan over the dataset, reduced."""
+
+
+def dataset_loop_bodies(graph_def: Any) -> frozenset[str]:
+    """Names of the functions a :data:`DATASET_LOOP_OPS` node runs (main graph or library)."""
+    nodes = list(graph_def.node)
+    for function in graph_def.library.function:
+        nodes.extend(function.node_def)
+    return frozenset(
+        node.attr["f"].func.name for node in nodes
+        if node.op in DATASET_LOOP_OPS and node.attr["f"].func.name
+    )
