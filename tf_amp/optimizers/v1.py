@@ -68,8 +68,6 @@ class V1LossScaleOptimizer(_V1Optimizer):
         self.enabled = bool(enabled)
         self.floor_warning_skips, self.max_consecutive_skips = skip_limits
         self._state_vars: list[tf.Variable] | None = None
-        # True for the wrapper the environment activation puts around a script's optimizer.
-        self.implicit = False
         self._state_graph: Any = None
         self._last_unscaled: tuple[list[Any], tf.Tensor] | None = None
         if tf.executing_eagerly():
@@ -186,7 +184,9 @@ class V1LossScaleOptimizer(_V1Optimizer):
         }
 
     def variables(self) -> list[tf.Variable]:
-        return list(self._ensure_state()) + list(self._inner.variables())
+        state = list(self._ensure_state())
+        # Under the environment the inner optimizer's variables() lists this state too.
+        return state + [v for v in self._inner.variables() if not any(v is s for s in state)]
 
     def get_slot(self, var: Any, name: str) -> Any:
         return self._inner.get_slot(var, name)
@@ -322,7 +322,9 @@ class V1LossScaleOptimizer(_V1Optimizer):
         # The global step counts in the branch too: a reference one (next to resource weights,
         # as get_or_create_global_step makes it after disable_resource_variables) needs the
         # same TF1 cond.
-        written = [v for _, v in grads_and_vars] + [global_step] * (global_step is not None)
+        written = [v for _, v in grads_and_vars]
+        if global_step is not None:
+            written.append(global_step)
         with _v1_control_flow_for_reference_variables(written):
             applied = _apply_or_skip.apply_or_skip(
                 finite,

@@ -41,7 +41,6 @@ def _v1_wrapper(optimizer: Any) -> Any:
         from tf_amp.optimizers import LossScaleOptimizer
 
         wrapper = LossScaleOptimizer(optimizer, loss_scale="dynamic")
-        wrapper.implicit = True
         optimizer.__dict__["_tf_amp_auto_wrapper"] = wrapper
         # tf.train.Checkpoint(optimizer=opt) saves the scale too (the wrapper tracks its state
         # variables; Saver already saves them as global variables). Restoring before the first
@@ -179,8 +178,9 @@ def _say_gradients_not_scaled(optimizer: Any) -> None:
         logging.WARNING,
         "%s.apply_gradients() got gradients that tf_amp did not loss-scale (computed with "
         "tf.gradients, not this optimizer's compute_gradients or minimize): under "
-        "TF_ENABLE_AUTO_MIXED_PRECISION they are applied unscaled, and small float16 "
-        "gradients may underflow to 0. Use opt.compute_gradients(loss), or wrap the optimizer "
+        "TF_ENABLE_AUTO_MIXED_PRECISION they are applied as they are, and small gradients "
+        "may have underflowed to 0 in the float16 backward pass. Use "
+        "opt.compute_gradients(loss), or wrap the optimizer "
         "in tf_amp.LossScaleOptimizer and scale the loss with get_scaled_loss().",
         type(optimizer).__name__,
     )
@@ -288,18 +288,18 @@ def saver_restore_patch(original: Callable[..., Any]) -> Callable[..., Any]:
         from_tf1 = len(scales) == 1 and all(name in saved for name in _TF1_NAMES.values())
         # Values go in through the variables' own initializers, fed: by restore time a
         # MonitoredTrainingSession has finalized the graph, so no op may be added now.
-        feeds, initializers, loaded = {}, [], 0
+        feeds, initializers, loaded = {}, [], set()
         for own_key, variable in ours:
             key = _TF1_NAMES.get(_loss_scale_field(variable)) if from_tf1 else None
             key = own_key if own_key in saved else key
             initializers.append(variable.initializer)
             if key is not None and saved[key] == []:
                 feeds[variable.initializer.inputs[1]] = tf.train.load_variable(save_path, key)
-                loaded += key in _TF1_NAMES.values()
+                loaded.add(key)
         sess.run(initializers, feeds)
         if loaded:
-            what = ("holds TensorFlow's MixedPrecisionLossScaleOptimizer state: its "
-                    "current_loss_scale and good_steps restored")
+            what = (f"holds part of the loss-scale state ({', '.join(sorted(loaded))}): "
+                    "restored, the rest starts afresh")
         else:
             what = ("has no loss-scale state (written without tf_amp); restoring the rest, the "
                     "loss scale starts at its initial value")
