@@ -118,10 +118,11 @@ def _patched_attributes() -> list[tuple[Any, str]]:
 def _saver_patches_unless_held_for_good() -> list[tuple[Any, str]]:
     """The activation's Saver patches, unless a v1 wrapper made earlier in this worker process
     installed them for good (then they are there before and after)."""
-    from tf_amp.runtime import _patches, auto_loss_scale_v1
+    from tf_amp.optimizers import _v1_saver
+    from tf_amp.runtime import _patches
 
     held = _patches.REGISTRY.installed().get((tf.compat.v1.train.Saver, "build"), frozenset())
-    if auto_loss_scale_v1.SAVER_HOLDER in held:
+    if _v1_saver.SAVER_HOLDER in held:
         return []
     return [(tf.compat.v1.train.Saver, "build"), (tf.compat.v1.train.Saver, "restore")]
 

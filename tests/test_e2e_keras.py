@@ -95,6 +95,22 @@ def test_a_dataset_of_unknown_length_counts_each_batch_once(
     assert history.history["loss"][-1] < history.history["loss"][0]
 
 
+def test_a_model_run_eagerly_takes_data_with_a_missing_entry(compile_hook: None) -> None:
+    """Keras hands a missing sample weight as an empty Optional; the eager step got it as is
+    and failed to convert it to a tensor (graph steps were converted)."""
+    x, y = np.ones((6, 4), np.float32), np.ones((6, 1), np.float32)
+
+    def batches():
+        for i in range(0, 6, 3):
+            yield x[i:i + 3], y[i:i + 3], None
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(tf_amp.enable_mixed_precision_graph_rewrite(keras.optimizers.SGD(0.01)),
+                  loss="mse", run_eagerly=True)
+    assert np.isfinite(model.fit(batches(), verbose=0).history["loss"][0])
+    assert np.isfinite(model.evaluate(batches(), verbose=0))
+
+
 def test_evaluate_and_predict_are_rewritten_and_keep_float32_outputs(compile_hook: None) -> None:
     model = _model()
     _compile(model, tf_amp.enable_mixed_precision_graph_rewrite(keras.optimizers.SGD(0.1)))

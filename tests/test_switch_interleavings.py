@@ -19,7 +19,8 @@ import tensorflow as tf
 import tf_amp
 from tf_amp._upstream import keras as upstream_keras
 from tf_amp._upstream import tensorflow as upstream_tf
-from tf_amp.runtime import _patches, activation, auto_loss_scale_v1, keras_fit, tf_keras_fit
+from tf_amp.optimizers import _v1_saver
+from tf_amp.runtime import _patches, activation, keras_fit, tf_keras_fit
 from tf_amp.runtime.activation import Settings
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -165,7 +166,7 @@ def _installed_by_switches() -> dict[tuple[Any, str], frozenset[str]]:
     installs for good (an earlier test file in this worker process may have made one)."""
     installed = {}
     for key, holders in _patches.REGISTRY.installed().items():
-        holders = holders - {auto_loss_scale_v1.SAVER_HOLDER}
+        holders = holders - {_v1_saver.SAVER_HOLDER}
         if holders:
             installed[key] = holders
     return installed

@@ -109,7 +109,7 @@ class V1LossScaleOptimizer(_V1Optimizer):
                 # Saver restores a checkpoint without the state (runtime.auto_loss_scale_v1).
                 variable._tf_amp_loss_scale_field = field
             if graph is not None:
-                from tf_amp.runtime.auto_loss_scale_v1 import install_saver_patches
+                from tf_amp.optimizers._v1_saver import install_saver_patches
 
                 install_saver_patches()
             self._state_vars, self._state_graph = variables, graph

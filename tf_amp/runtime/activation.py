@@ -174,6 +174,7 @@ def _patch_tensorflow(tf: Any) -> None:
         if "tensorflow.compat.v1" in sys.modules:
             _patch_compat_v1(sys.modules["tensorflow.compat.v1"])
         if active.loss_scaling:
+            from tf_amp.optimizers import _v1_saver
             from tf_amp.runtime import auto_loss_scale, auto_loss_scale_v1
 
             v1_optimizer = tf.compat.v1.train.Optimizer
@@ -185,8 +186,8 @@ def _patch_tensorflow(tf: Any) -> None:
             _patch(v1_optimizer, "variables", auto_loss_scale_v1.v1_variables_patch)
             _patch(tf.GradientTape, "gradient", _for_user_callers(auto_loss_scale.gradient_patch))
             saver = tf.compat.v1.train.Saver
-            _patch(saver, "build", auto_loss_scale_v1.saver_build_patch)
-            _patch(saver, "restore", auto_loss_scale_v1.saver_restore_patch)
+            _patch(saver, "build", _v1_saver.saver_build_patch)
+            _patch(saver, "restore", _v1_saver.saver_restore_patch)
             # Registers the fused unscale op now (3 ms), not at its first use: a meta graph or
             # TF1 SavedModel that an earlier loss-scaled run wrote holds it, and importing one
             # before anything here ran failed ("Op type not registered").

@@ -77,7 +77,7 @@ def _one_step(model: Any, step_function: Any, kind: str, config: Any) -> Any:
             model.name,
             kind,
         )
-        return one_step_on_data
+        return _convert_optionals(one_step_on_data)  # as Keras converts them, eager or not
     step = Function(
         one_step_on_data,
         rewrite_config=config,
