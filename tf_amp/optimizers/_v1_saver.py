@@ -35,8 +35,6 @@ def install_saver_patches() -> None:
     REGISTRY.acquire(SAVER_HOLDER, saver, "restore", saver_restore_patch)
 
 
-
-
 def saver_build_patch(original: Callable[..., Any]) -> Callable[..., Any]:
     """``tf.compat.v1.train.Saver.build`` (which ``__init__`` calls, or the script itself after
     ``defer_build=True``) that also builds, when the saver covers the loss-scale state of a v1
