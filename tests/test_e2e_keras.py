@@ -104,6 +104,12 @@ def test_a_model_run_eagerly_takes_data_with_a_missing_entry(compile_hook: None)
         for i in range(0, 6, 3):
             yield x[i:i + 3], y[i:i + 3], None
 
+    plain = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    plain.compile(keras.optimizers.SGD(0.01), loss="mse", run_eagerly=True)
+    try:
+        plain.fit(batches(), verbose=0)
+    except AttributeError as error:  # Keras 3.7's eager step itself takes no None entry
+        pytest.skip(f"Keras {keras.__version__} fails the same without tf_amp: {error}")
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
     model.compile(tf_amp.enable_mixed_precision_graph_rewrite(keras.optimizers.SGD(0.01)),
                   loss="mse", run_eagerly=True)
