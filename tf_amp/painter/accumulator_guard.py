@@ -59,14 +59,7 @@ def accumulator_nodes(view: BodyView) -> frozenset[int]:
     has_v1_loop = "NextIteration" in view.ops
     if not (view.is_loop_body or has_v1_loop) or not _SUMS.intersection(view.ops):
         return frozenset()
-    # consumer -> input port -> (producer node, its output port)
-    producers: dict[int, dict[int, tuple[int, int]]] = {}
-    consumers: dict[int, list[int]] = {}
-    for src, sport, dst, dport in zip(
-        view.e_src, view.e_sport, view.e_dst, view.e_dport, strict=True
-    ):
-        producers.setdefault(dst, {})[dport] = (src, sport)
-        consumers.setdefault(src, []).append(dst)
+    producers = view.data_producers()
 
     found: set[int] = set()
     if view.is_loop_body:
@@ -78,11 +71,12 @@ def accumulator_nodes(view: BodyView) -> frozenset[int]:
             if k < len(args) and fed is not None:
                 found |= _update_path(view, producers, fed, args[k])
     if has_v1_loop:
-        for node in range(view.num_real):
-            if view.ops[node] != "NextIteration":
-                continue
+        merges_fed: dict[int, list[int]] = {}  # NextIteration -> the Merge nodes it feeds
+        for src, dst in zip(view.e_src, view.e_dst, strict=True):
+            if view.ops[src] == "NextIteration" and view.ops[dst] == "Merge":
+                merges_fed.setdefault(src, []).append(dst)
+        for node, merges in merges_fed.items():
             fed = producers.get(node, {}).get(0)
-            merges = [m for m in consumers.get(node, ()) if view.ops[m] == "Merge"]
             for merge in merges:
                 path = _update_path(view, producers, fed, merge) if fed is not None else set()
                 if path:  # the loop variable itself stays float32 with its sum

@@ -45,7 +45,7 @@ def normalization_sum_nodes(view: BodyView) -> frozenset[int]:
     ops, not on names: TF1 graphs and renamed scopes have the same structure."""
     if "Rsqrt" not in view.ops:  # most bodies: skip building the producer map per edge
         return frozenset()
-    producers = _data_producers(view)
+    producers = view.data_producers()
 
     def inputs(node: int) -> list[tuple[int, int]]:
         by_port = producers.get(node, {})
@@ -97,12 +97,3 @@ def normalization_sum_nodes(view: BodyView) -> frozenset[int]:
             if centred_inputs.intersection(operands) and not any(map(is_inverse_std, operands)):
                 guarded.add(node)
     return frozenset(guarded)
-
-
-def _data_producers(view: BodyView) -> dict[int, dict[int, tuple[int, int]]]:
-    """consumer node -> input port -> (producer node, output port), data edges only."""
-    producers: dict[int, dict[int, tuple[int, int]]] = {}
-    for src, sport, dst, dport in zip(view.e_src, view.e_sport, view.e_dst, view.e_dport,
-                                      strict=True):
-        producers.setdefault(dst, {})[dport] = (src, sport)
-    return producers

@@ -100,6 +100,16 @@ class BodyView:
     def num_vertices(self) -> int:
         return len(self.v_node)
 
+    def data_producers(self) -> dict[int, dict[int, tuple[int, int]]]:
+        """consumer node -> input port -> (producer node, output port), data edges only: the
+        backward walks of the painter's guards."""
+        producers: dict[int, dict[int, tuple[int, int]]] = {}
+        for src, sport, dst, dport in zip(
+            self.e_src, self.e_sport, self.e_dst, self.e_dport, strict=True
+        ):
+            producers.setdefault(dst, {})[dport] = (src, sport)
+        return producers
+
     def add_edge(self, source: int, target: int) -> None:
         """Joins two vertices (``fanout``/``fanin`` hold a shared ``()`` until a first edge)."""
         for lists, v, other in ((self.fanout, source, target), (self.fanin, target, source)):
