@@ -136,6 +136,75 @@ def test_a_lowered_loops_running_value_stays_float32_with_its_sum():
     assert {"AddV2", "Merge", "NextIteration"} <= kept, kept
 
 
+CONDITIONS = {
+    "cond": lambda i, total, m: tf.cond(i % 3 < 2, lambda: total + m(), lambda: total),
+    "cond_in_cond": lambda i, total, m: tf.cond(
+        i % 3 < 2,
+        lambda: tf.cond(i % 2 < 1, lambda: total + m(), lambda: total - m()),
+        lambda: tf.identity(total),
+    ),
+    "switch_case": lambda i, total, m: tf.switch_case(
+        i % 3, [lambda: total + m(), lambda: total + m(), lambda: total]
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def wanted_conditional_sums():
+    return {}
+
+
+@pytest.mark.parametrize("lowered", [False, True], ids=["functional", "lowered"])
+@pytest.mark.parametrize("condition", sorted(CONDITIONS))
+def test_a_sum_under_a_condition_keeps_growing(condition, lowered, wanted_conditional_sums):
+    """AutoGraph makes ``if ...: acc += x`` in a loop a ``tf.cond``: the sum is in a branch
+    function (an ``If`` node in the loop body), or, once inlining lowers it, between the
+    condition's ``Switch`` and ``Merge``. Unguarded, the float16 sum of a product computed in
+    the branch stopped at 128 where float32 reached 229.6; bfloat16 stopped at 16."""
+    a, b = _small_products()
+    update = CONDITIONS[condition]
+
+    @tf.function
+    def head(t):  # calling a tf.function makes tf_amp inline it, which lowers the loop
+        return tf.matmul(t, tf.eye(4))
+
+    def summed(a, b):
+        def body(i, total):
+            return i + 1, update(i, total, lambda: tf.matmul(a, b))
+
+        total = tf.while_loop(lambda i, t: i < 7500, body, (0, tf.zeros((4, 4))))[1]
+        return head(total) if lowered else total
+
+    if (condition, lowered) not in wanted_conditional_sums:
+        wanted_conditional_sums[condition, lowered] = tf.function(summed)(a, b)
+    want = wanted_conditional_sums[condition, lowered]
+    for target, rtol in (("float16", 3e-3), ("bfloat16", 1.5e-2)):
+        amp = tf_amp.function(summed, config=RewriteConfig(target_dtype=target))
+        np.testing.assert_allclose(amp(a, b), want, rtol=rtol, err_msg=target)
+        (report,) = amp.reports
+        kept = [d for d in report.decisions if "running sum" in d.reason]
+        assert any(d.op == "AddV2" and d.dtype == "float32" for d in kept), kept
+        if not lowered:  # the sum is in a branch function: the guard crossed into it
+            assert any(d.body for d in kept if d.op == "AddV2"), kept
+
+
+def test_a_condition_that_does_not_sum_is_left_alone():
+    """A branch that replaces the running value (``x - acc``, or a fresh product) makes no
+    running sum: nothing is kept float32 for it."""
+
+    def replaced(a, b):
+        def body(i, t):
+            t = tf.cond(i % 2 < 1, lambda: tf.matmul(a, b) - t, lambda: tf.matmul(a, b))
+            return i + 1, t
+
+        return tf.while_loop(lambda i, t: i < 10, body, (0, tf.zeros((4, 4))))[1]
+
+    amp = tf_amp.function(replaced, config=RewriteConfig(target_dtype="float16"))
+    amp(*_small_products())
+    (report,) = amp.reports
+    assert not [d for d in report.decisions if "running sum" in d.reason]
+
+
 def test_x_minus_the_running_value_is_no_running_sum():
     def alternating(a, b):
         body = lambda i, t: (i + 1, tf.matmul(a, b) - t)  # noqa: E731

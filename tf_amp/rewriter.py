@@ -31,6 +31,7 @@ from tf_amp._say_once import say_once
 from tf_amp.cast_planner import plan_and_apply
 from tf_amp.config import RewriteConfig
 from tf_amp.painter import Painter
+from tf_amp.painter.accumulator_guard import accumulator_guard_plan
 from tf_amp.painter.eligibility import functions_called_from_excluded_nodes
 from tf_amp.report import BodyRecord, RewriteReport
 from tf_amp.type_attrs import (
@@ -192,6 +193,12 @@ def _rewrite(
     for (name, _, _), view in zip(bodies, views, strict=True):
         view.saved_gradient_types = saved_gradient_types
         view.is_loop_body = name in loop_bodies
+    if config.guards_accumulators:  # a loop's sum can reach into its conditions' branches
+        running_sums = accumulator_guard_plan(
+            {name: view for (name, _, _), view in zip(bodies, views, strict=True)}
+        )
+        for (name, _, _), view in zip(bodies, views, strict=True):
+            view.running_sums = running_sums.get(name, frozenset())
     backward_of = {  # a tape's backward function names its forward one
         f.attr["forward_function_name"].s.decode(): f.signature.name
         for f in out.library.function

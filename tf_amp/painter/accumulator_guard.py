@@ -31,18 +31,30 @@ pass a value on (``Identity``, ``IdentityN``, ``Switch``, ``Reshape``, ``EnsureS
 ``0.999 * acc + x``), when at least one sum is among them. ``x - acc`` alternates rather than
 accumulates and is left alone. ``RewriteConfig(guard_accumulators=False)`` /
 ``TF_AMP_GUARD_ACCUMULATORS=0`` turns it off.
+
+A sum under a condition (``if i % 3: acc += x``, which AutoGraph makes a ``tf.cond``) is
+followed into the condition: in a ``While`` body, through an ``If`` / ``Case`` node into its
+branch functions, whose nodes on the path are guarded with the loop's; in a TF1 loop, through
+the condition's ``Switch`` (``_SwitchN`` for a ``Case``) and ``Merge``. Unguarded, a sum of 7,500 small products every two
+in three iterations stopped at 128 in float16 (16 in bfloat16) where float32 reached 229.6.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from tf_amp.type_attrs import BodyView
 from tf_amp.type_attrs.body_view import ARG_OP, RETVAL_OP
 
 _SUMS = frozenset({"Add", "AddV2", "Sub", "AddN"})
-# Ops that pass a value on, and which of their inputs carry it (None: output k <- input k).
-_CARRIERS: dict[str, tuple[int, ...] | None] = {
+# Ops that pass a value on, and which of their inputs carry it (None: output k <- input k;
+# "all": every data input, as a TF1 condition's Merge takes either branch's value).
+_CARRIERS: dict[str, tuple[int, ...] | str | None] = {
     "Identity": (0,),
     "Switch": (0,),
+    "_SwitchN": (0,),  # a lowered Case's
+    "Merge": "all",
     "Reshape": (0,),
     "EnsureShape": (0,),
     "Select": (1, 2),
@@ -50,87 +62,230 @@ _CARRIERS: dict[str, tuple[int, ...] | None] = {
     "IdentityN": None,
 }
 _SCALINGS = frozenset({"Mul"})  # a product by a constant (a decay)
+# Function-calling conditions: the attrs naming their branch functions. Input 0 is the
+# predicate or branch index; input i + 1 is the branches' argument i, output j their return j.
+_CONDITIONS = {
+    "If": ("then_branch", "else_branch"),
+    "StatelessIf": ("then_branch", "else_branch"),
+    "Case": ("branches",),
+    "StatelessCase": ("branches",),
+}
 
 
-def accumulator_nodes(view: BodyView) -> frozenset[int]:
-    """Indices of the nodes in ``view`` that update a loop variable from itself (see the
-    module docstring): in a ``While`` body function (``view.is_loop_body``) and in TF1 loops
-    of any body, found by their ``NextIteration`` nodes."""
-    has_v1_loop = "NextIteration" in view.ops
-    if not (view.is_loop_body or has_v1_loop) or not _SUMS.intersection(view.ops):
-        return frozenset()
-    producers = view.data_producers()
+@dataclass
+class _Path:
+    """A path from a value back to a variable: whether a sum is on it, and the nodes on it per
+    body ("" for the body walked, a branch function's name for the nodes inside it)."""
 
-    found: set[int] = set()
-    if view.is_loop_body:
-        args = [n for n in range(view.num_real, len(view.names)) if view.ops[n] == ARG_OP]
-        rets = [n for n in range(view.num_real, len(view.names)) if view.ops[n] == RETVAL_OP]
-        for ret, key in zip(rets, view.ret_keys, strict=True):
-            k = view.ret_positions.get(key, len(args))
-            fed = producers.get(ret, {}).get(0)
-            if k < len(args) and fed is not None:
-                found |= _update_path(view, producers, fed, args[k])
-    if has_v1_loop:
-        merges_fed: dict[int, list[int]] = {}  # NextIteration -> the Merge nodes it feeds
-        for src, dst in zip(view.e_src, view.e_dst, strict=True):
-            if view.ops[src] == "NextIteration" and view.ops[dst] == "Merge":
-                merges_fed.setdefault(src, []).append(dst)
-        for node, merges in merges_fed.items():
-            fed = producers.get(node, {}).get(0)
-            for merge in merges:
-                path = _update_path(view, producers, fed, merge) if fed is not None else set()
-                if path:  # the loop variable itself stays float32 with its sum
-                    found |= path | {node, merge}
-    return frozenset(n for n in found if n < view.num_real)
+    has_sum: bool = False
+    nodes: dict[str, set[int]] = field(default_factory=dict)
+
+    def join(self, other: _Path) -> None:
+        self.has_sum |= other.has_sum
+        for body, nodes in other.nodes.items():
+            self.nodes.setdefault(body, set()).update(nodes)
 
 
-def _update_path(
-    view: BodyView,
-    producers: dict[int, dict[int, tuple[int, int]]],
-    next_value: tuple[int, int],
-    variable: int,
-) -> set[int]:
-    """The nodes on paths from ``next_value`` back to ``variable`` through sums, carriers and
-    products by a constant; empty unless such a path exists with a sum on it."""
-    on_path: dict[tuple[int, int], bool] = {}
-    visiting: set[tuple[int, int]] = set()
-    nodes: set[int] = set()
+# (function name, return position) -> argument position -> the path from one to the other
+BranchPaths = dict[int, _Path]
 
-    def inputs_followed(node: int, port: int) -> list[tuple[int, int]]:
-        op = view.ops[node]
-        fed = producers.get(node, {})
+
+class _GuardPlanner:
+    """Finds the running sums of every loop of a graph, across the bodies of its library."""
+
+    def __init__(self, views: Mapping[str, BodyView]) -> None:
+        self.views = views
+        self.producers: dict[str, dict[int, dict[int, tuple[int, int]]]] = {}
+        self.branch_paths: dict[tuple[str, int], BranchPaths] = {}
+
+    def producers_of(self, name: str) -> dict[int, dict[int, tuple[int, int]]]:
+        if name not in self.producers:
+            self.producers[name] = self.views[name].data_producers()
+        return self.producers[name]
+
+    def plan(self) -> dict[str, frozenset[int]]:
+        guarded: dict[str, set[int]] = {}
+        for name, view in self.views.items():
+            for path in self.loop_paths(name, view):
+                for body, nodes in path.nodes.items():
+                    guarded.setdefault(body or name, set()).update(nodes)
+        return {
+            name: frozenset(n for n in nodes if n < self.views[name].num_real)
+            for name, nodes in guarded.items()
+        }
+
+    def loop_paths(self, name: str, view: BodyView) -> list[_Path]:
+        """The running sums of ``view``'s own loop variables: its returns when it is a
+        ``While`` body, and its TF1 loops' ``NextIteration`` -> ``Merge`` pairs."""
+        found = []
+        if view.is_loop_body:
+            args = _args(view)
+            for k, fed in _returned_values(view, self.producers_of(name)):
+                if k < len(args):
+                    walk = _Walk(self, name, frozenset({args[k]}))
+                    walk.reached(fed)
+                    found.append(walk.path_to(args[k]))
+        if "NextIteration" in view.ops:
+            producers = self.producers_of(name)
+            for src, dst in zip(view.e_src, view.e_dst, strict=True):
+                if view.ops[src] != "NextIteration" or view.ops[dst] != "Merge":
+                    continue
+                fed = producers.get(src, {}).get(0)
+                if fed is None:
+                    continue
+                walk = _Walk(self, name, frozenset({dst}))
+                walk.reached(fed)
+                path = walk.path_to(dst)
+                if path.has_sum:  # the loop variable itself stays float32 with its sum
+                    path.nodes.setdefault("", set()).update((src, dst))
+                found.append(path)
+        return [path for path in found if path.has_sum]
+
+    def through_branch(self, function: str, ret: int) -> BranchPaths:
+        """For return ``ret`` of branch function ``function``: the arguments it carries on
+        (``return x`` in the branch that does not add) or adds to, with the path to each."""
+        key = (function, ret)
+        if key in self.branch_paths:
+            return self.branch_paths[key]
+        self.branch_paths[key] = {}  # a branch that calls itself carries nothing
+        view = self.views.get(function)
+        if view is None:  # not rewritten (an input pipeline's), or not in the library
+            return {}
+        fed = dict(_returned_values(view, self.producers_of(function))).get(ret)
+        if fed is None:
+            return {}
+        args = _args(view)
+        walk = _Walk(self, function, frozenset(args))
+        walk.reached(fed)
+        paths = {}
+        for position, arg in enumerate(args):
+            path = walk.path_to(arg)
+            if path.nodes or fed[0] == arg:
+                paths[position] = _Path(path.has_sum, {
+                    (body or function): nodes for body, nodes in path.nodes.items()
+                })
+        self.branch_paths[key] = paths
+        return paths
+
+
+class _Walk:
+    """One backward walk over a body's data edges, from a value to the ``targets`` it is
+    computed from through sums, carriers, products by a constant and conditions."""
+
+    def __init__(self, planner: _GuardPlanner, name: str, targets: frozenset[int]) -> None:
+        self.planner = planner
+        self.view = planner.views[name]
+        self.producers = planner.producers_of(name)
+        self.targets = targets
+        self.memo: dict[tuple[int, int], frozenset[int]] = {}
+        self.visiting: set[tuple[int, int]] = set()
+        # (the targets an argument's input reaches, the path inside the branch)
+        self.crossings: list[tuple[frozenset[int], _Path]] = []
+
+    def reached(self, tensor: tuple[int, int]) -> frozenset[int]:
+        """The targets that ``tensor`` is computed from along the followed ops."""
+        node = tensor[0]
+        if node in self.targets:
+            return frozenset({node})
+        if tensor in self.memo:
+            return self.memo[tensor]
+        if tensor in self.visiting or node >= self.view.num_real:
+            return frozenset()
+        self.visiting.add(tensor)
+        found: set[int] = set()
+        if self.view.ops[node] in _CONDITIONS:
+            found.update(self._through_condition(*tensor))
+        else:
+            for source in self._inputs_followed(*tensor):
+                found |= self.reached(source)  # every input: each path's nodes are collected
+        self.visiting.discard(tensor)
+        result = frozenset(found)
+        self.memo[tensor] = result
+        return result
+
+    def path_to(self, target: int) -> _Path:
+        view = self.view
+        nodes = {t[0] for t, found in self.memo.items() if target in found}
+        path = _Path(any(view.ops[n] in _SUMS for n in nodes), {"": nodes} if nodes else {})
+        for found, branch in self.crossings:
+            if target in found:
+                path.join(branch)
+        return path
+
+    def _inputs_followed(self, node: int, port: int) -> list[tuple[int, int]]:
+        op = self.view.ops[node]
+        fed = self.producers.get(node, {})
         if op == "Sub":  # acc - x accumulates; x - acc does not (it alternates)
             return [fed[0]] if 0 in fed else []
         if op in _SUMS:
             return list(fed.values())
         if op in _CARRIERS:
             ports = _CARRIERS[op]
+            if ports == "all":
+                return list(fed.values())
             wanted = (port,) if ports is None else ports
             return [fed[p] for p in wanted if p in fed]
         if op in _SCALINGS:
             values = list(fed.values())
-            if any(view.ops[src] == "Const" for src, _ in values):
-                return [v for v in values if view.ops[v[0]] != "Const"]
+            if any(self.view.ops[src] == "Const" for src, _ in values):
+                return [v for v in values if self.view.ops[v[0]] != "Const"]
         return []
 
-    def reaches(tensor: tuple[int, int]) -> bool:
-        node = tensor[0]
-        if node == variable:
-            return True
-        if tensor in on_path:
-            return on_path[tensor]
-        if tensor in visiting or node >= view.num_real:
-            return False
-        visiting.add(tensor)
-        hit = False
-        for source in inputs_followed(*tensor):
-            hit |= reaches(source)  # every input: each path's nodes are collected
-        visiting.discard(tensor)
-        on_path[tensor] = hit
-        if hit:
-            nodes.add(node)
-        return hit
+    def _through_condition(self, node: int, port: int) -> set[int]:
+        """Output ``port`` of a condition comes from argument i of a branch: follow input
+        i + 1 for every i that some branch carries on to that output."""
+        fed = self.producers.get(node, {})
+        per_argument: dict[int, list[_Path]] = {}
+        for branch in _branch_names(self.view, node):
+            for position, path in self.planner.through_branch(branch, port).items():
+                per_argument.setdefault(position, []).append(path)
+        found: set[int] = set()
+        for position, paths in per_argument.items():
+            source = fed.get(position + 1)
+            if source is None:
+                continue
+            reached = self.reached(source)
+            found |= reached
+            if reached:
+                for path in paths:
+                    self.crossings.append((reached, path))
+        return found
 
-    if not reaches(next_value):
-        return set()
-    return nodes if any(view.ops[n] in _SUMS for n in nodes) else set()
+
+def _args(view: BodyView) -> list[int]:
+    return [n for n in range(view.num_real, len(view.names)) if view.ops[n] == ARG_OP]
+
+
+def _returned_values(
+    view: BodyView, producers: dict[int, dict[int, tuple[int, int]]]
+) -> list[tuple[int, tuple[int, int]]]:
+    """(return position, the value returned) for each return of a function body."""
+    rets = [n for n in range(view.num_real, len(view.names)) if view.ops[n] == RETVAL_OP]
+    found = []
+    for ret, key in zip(rets, view.ret_keys, strict=True):
+        fed = producers.get(ret, {}).get(0)
+        if fed is not None and key in view.ret_positions:
+            found.append((view.ret_positions[key], fed))
+    return found
+
+
+def _branch_names(view: BodyView, node: int) -> list[str]:
+    attrs = view.protos[node].attr
+    names = []
+    for attr in _CONDITIONS[view.ops[node]]:
+        value = attrs.get(attr)
+        if value is None:
+            continue
+        if value.HasField("func"):
+            names.append(value.func.name)
+        else:
+            names.extend(f.name for f in value.list.func)
+    return names
+
+
+def accumulator_guard_plan(views: Mapping[str, BodyView]) -> dict[str, frozenset[int]]:
+    """The nodes the guard keeps float32, per body ("" for the main graph, else a library
+    function's name): the running sums of every ``While`` body (``view.is_loop_body``) and
+    of every TF1 loop, with their parts inside the branch functions of conditions on the way
+    (see the module docstring)."""
+    return _GuardPlanner(views).plan()

@@ -17,7 +17,6 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 
 from tf_amp.config import RewriteConfig
 from tf_amp.lists import OpLists
-from tf_amp.painter.accumulator_guard import accumulator_nodes
 from tf_amp.painter.colours import CAT_NONE, CATEGORY_OF_LIST
 from tf_amp.painter.loss_guard import compiled_loss_nodes
 from tf_amp.painter.normalization_guard import normalization_sum_nodes
@@ -207,7 +206,7 @@ def _block_guarded_nodes(
          Block.VARIABLE_UPDATE),
         (config.selects_before_cast, lambda: table_selection_nodes(view), Block.TABLE_SELECTION),
         (config.guards_losses, lambda: compiled_loss_nodes(view), Block.COMPILED_LOSS),
-        (config.guards_accumulators, lambda: accumulator_nodes(view), Block.LOOP_ACCUMULATOR),
+        (config.guards_accumulators, lambda: view.running_sums, Block.LOOP_ACCUMULATOR),
     ]
     for on, find_nodes, block in guards:
         if not on:

@@ -95,6 +95,9 @@ class BodyView:
     saved_gradient_types: frozenset[str] = frozenset()
     # The body function of a While (set by the rewriter, which sees the loops that call it).
     is_loop_body: bool = False
+    # The nodes of this body on a loop's running sum (``tf_amp.painter.accumulator_guard``, set
+    # by the rewriter: the sum of a loop in one body can run through a branch function).
+    running_sums: frozenset[int] = frozenset()
 
     @property
     def num_vertices(self) -> int:
