@@ -35,8 +35,11 @@ accumulates and is left alone. ``RewriteConfig(guard_accumulators=False)`` /
 A sum under a condition (``if i % 3: acc += x``, which AutoGraph makes a ``tf.cond``) is
 followed into the condition: in a ``While`` body, through an ``If`` / ``Case`` node into its
 branch functions, whose nodes on the path are guarded with the loop's; in a TF1 loop, through
-the condition's ``Switch`` (``_SwitchN`` for a ``Case``) and ``Merge``. Unguarded, a sum of 7,500 small products every two
-in three iterations stopped at 128 in float16 (16 in bfloat16) where float32 reached 229.6.
+the condition's ``Switch`` (``_SwitchN`` for a ``Case``) and ``Merge``. Unguarded, a sum of
+7,500 small products every two in three iterations stopped at 128 in float16 (16 in bfloat16)
+where float32 reached 229.6. Loop variables that feed each other (``s1, s2 = s2 + x, s1``)
+are a running sum too, each every other iteration: the paths among variables that form a
+cycle with a sum on it are guarded.
 """
 
 from __future__ import annotations
@@ -115,31 +118,41 @@ class _GuardPlanner:
         }
 
     def loop_paths(self, name: str, view: BodyView) -> list[_Path]:
-        """The running sums of ``view``'s own loop variables: its returns when it is a
-        ``While`` body, and its TF1 loops' ``NextIteration`` -> ``Merge`` pairs."""
-        found = []
+        """The running sums of ``view``'s own loop variables (its returns when it is a
+        ``While`` body, and its TF1 loops' ``NextIteration`` -> ``Merge`` pairs): the paths
+        by which a variable's next value comes from a variable, where those form a cycle
+        with a sum on it. Mostly a variable from itself (``acc + x``); also variables that
+        feed each other (``s1, s2 = s2 + x, s1``: each sums every other iteration)."""
+        edges: list[tuple[int, int, _Path]] = []  # (variable, the variable it comes from, path)
+        producers = self.producers_of(name)
         if view.is_loop_body:
             args = _args(view)
-            for k, fed in _returned_values(view, self.producers_of(name)):
+            for k, fed in _returned_values(view, producers):
                 if k < len(args):
-                    walk = _Walk(self, name, frozenset({args[k]}))
-                    walk.reached(fed)
-                    found.append(walk.path_to(args[k]))
+                    edges.extend((k, args.index(j), path)
+                                 for j, path in self._paths_back(name, fed, args))
         if "NextIteration" in view.ops:
-            producers = self.producers_of(name)
+            merges_fed: dict[int, list[int]] = {}  # NextIteration -> the Merge nodes it feeds
             for src, dst in zip(view.e_src, view.e_dst, strict=True):
-                if view.ops[src] != "NextIteration" or view.ops[dst] != "Merge":
-                    continue
-                fed = producers.get(src, {}).get(0)
+                if view.ops[src] == "NextIteration" and view.ops[dst] == "Merge":
+                    merges_fed.setdefault(src, []).append(dst)
+            merges = [m for fed in merges_fed.values() for m in fed]
+            for node, fed_merges in merges_fed.items():
+                fed = producers.get(node, {}).get(0)
                 if fed is None:
                     continue
-                walk = _Walk(self, name, frozenset({dst}))
-                walk.reached(fed)
-                path = walk.path_to(dst)
-                if path.has_sum:  # the loop variable itself stays float32 with its sum
-                    path.nodes.setdefault("", set()).update((src, dst))
-                found.append(path)
-        return [path for path in found if path.has_sum]
+                for merge in fed_merges:  # the loop variable stays float32 with its sum
+                    for source, path in self._paths_back(name, fed, merges):
+                        path.nodes.setdefault("", set()).update((node, merge))
+                        edges.append((merge, source, path))
+        return _summing_cycles(edges)
+
+    def _paths_back(
+        self, name: str, value: tuple[int, int], variables: list[int]
+    ) -> list[tuple[int, _Path]]:
+        """(variable, the path) for each of ``variables`` that ``value`` comes from."""
+        walk = _Walk(self, name, frozenset(variables))
+        return [(v, walk.path_to(v)) for v in sorted(walk.reached(value))]
 
     def through_branch(self, function: str, ret: int) -> BranchPaths:
         """For return ``ret`` of branch function ``function``: the arguments it carries on
@@ -250,6 +263,29 @@ class _Walk:
                 for path in paths:
                     self.crossings.append((reached, path))
         return found
+
+
+def _summing_cycles(edges: list[tuple[int, int, _Path]]) -> list[_Path]:
+    """The paths among ``edges`` (variable <- variable it comes from) that lie on a cycle of
+    variables (a strongly connected set, or a variable from itself) with a sum on it."""
+    comes_from: dict[int, set[int]] = {}
+    for k, j, _ in edges:
+        comes_from.setdefault(k, set()).add(j)
+
+    def upstream(start: int) -> set[int]:
+        seen, stack = set(), [start]
+        while stack:
+            for j in comes_from.get(stack.pop(), ()):
+                if j not in seen:
+                    seen.add(j)
+                    stack.append(j)
+        return seen
+
+    reach = {k: upstream(k) for k in comes_from}
+    component = {k: frozenset(j for j in reach[k] if k in reach.get(j, ())) for k in reach}
+    cyclic = [(k, j, path) for k, j, path in edges if k in reach.get(j, ())]
+    summing = {component[k] for k, _, path in cyclic if path.has_sum}
+    return [path for k, _, path in cyclic if component[k] in summing]
 
 
 def _args(view: BodyView) -> list[int]:
