@@ -459,3 +459,50 @@ def test_env_custom_loop_under_multi_worker_strategy_skips_on_every_worker():
     for facts in results:
         check_env_custom_loop(facts)
     assert results[0]["rows"] == results[1]["rows"]  # same weights on both workers
+
+
+PREDICT_JIT_MIRRORED = textwrap.dedent(
+    """
+    import json, os
+    os.environ["TF_AMP_TARGET_DTYPE"] = "float16"
+    import numpy as np
+    import tensorflow as tf
+    {setup}
+    import keras
+    import tf_amp
+
+    x = np.linspace(-1, 1, 32, dtype=np.float32).reshape(8, 4)
+    with strategy.scope():
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
+        opt = tf_amp.enable_mixed_precision_graph_rewrite(keras.optimizers.SGD(0.01))
+        model.compile(opt, loss="mse", jit_compile=True)
+    got = model.predict(x, batch_size=4, verbose=0)
+    want = x @ model.layers[0].kernel.numpy() + model.layers[0].bias.numpy()
+    (step,) = model.__dict__["_tf_amp_steps"].values()
+    (rebuilt,) = step.rewritten_concrete_functions()
+    compiled = [
+        f for f in rebuilt.graph.as_graph_def().library.function
+        if f.attr["_XlaMustCompile"].b
+    ]
+    print(json.dumps({{
+        "error": float(np.max(np.abs(got - want))),
+        "compiled_functions": len(compiled),
+        "half_in_compiled": all(
+            any(n.op == "MatMul" and n.attr["T"].type == tf.float16.as_datatype_enum
+                for n in f.node_def)
+            for f in compiled
+        ),
+    }}))
+    """
+)
+
+
+def test_predict_compiled_with_xla_under_mirrored_strategy_runs_each_replica_rewritten():
+    """Keras compiles ``predict``'s per-replica step with XLA, inside ``strategy.run``.
+    tf_amp compiled the rewritten step around it, one XLA computation reading every
+    replica's variables: "TF variable on a different device". Now each replica calls the
+    compiled step, rewritten."""
+    facts = facts_from(run_script(PREDICT_JIT_MIRRORED.format(setup=MIRRORED_SETUP), {}), TIMEOUT)
+    assert facts["error"] < 5e-3, facts
+    assert facts["compiled_functions"] == 2 and facts["half_in_compiled"], facts

@@ -8,7 +8,8 @@ plain ``tf.function`` around it, as Keras builds it (why the loop is built here 
 Keras's own ``make_train_function``: see :mod:`tf_amp._upstream.keras`).
 
 ``jit_compile`` is honoured: the rewritten step is compiled with XLA when ``model.jit_compile``
-is true. ``run_eagerly=True`` cannot be rewritten (there is no graph); it runs float32 with one
+is true, where Keras compiles it (around ``strategy.run`` for train and test, the step each
+replica runs for predict). ``run_eagerly=True`` cannot be rewritten (there is no graph); it runs float32 with one
 warning.
 """
 
@@ -60,6 +61,20 @@ def builder(kind: str, config: Any) -> Callable[..., Any]:
 def _one_step(model: Any, step_function: Any, kind: str, config: Any) -> Any:
     """The per-batch step under the distribution strategy, rewritten unless run eagerly."""
     reduction = "concat" if kind == "predict" else "auto"
+    jit_compile = bool(model.jit_compile)
+    if kind == "predict" and jit_compile and not model.run_eagerly:
+        # As Keras builds it: XLA compiles the step each replica runs, inside
+        # ``strategy.run``. Compiled around it, a MirroredStrategy's replicas failed ("TF
+        # variable on a different device"). The rewrite reaches the compiled step: a
+        # ``jit_compile`` callee stays in the function library, where it is rewritten.
+        compiled = upstream_tf.tf_function(step_function, reduce_retracing=True, jit_compile=True)
+
+        def per_replica_step(data: Any) -> Any:
+            # A plain callable, as Keras's is: ``strategy.run`` would lift a tf.function
+            # around every replica at once, one XLA computation on one device (same error).
+            return compiled(data)
+
+        step_function, jit_compile = per_replica_step, None
 
     @tf.autograph.experimental.do_not_convert
     def one_step_on_data(data: Any) -> Any:
@@ -81,7 +96,7 @@ def _one_step(model: Any, step_function: Any, kind: str, config: Any) -> Any:
     step = Function(
         one_step_on_data,
         rewrite_config=config,
-        jit_compile=bool(model.jit_compile),
+        jit_compile=jit_compile,
         reduce_retracing=True,
     )
     model.__dict__.setdefault(STEPS_ATTR, {})[kind] = step
