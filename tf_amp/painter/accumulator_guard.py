@@ -124,6 +124,8 @@ class _GuardPlanner:
         with a sum on it. Mostly a variable from itself (``acc + x``); also variables that
         feed each other (``s1, s2 = s2 + x, s1``: each sums every other iteration)."""
         edges: list[tuple[int, int, _Path]] = []  # (variable, the variable it comes from, path)
+        if not view.is_loop_body and "NextIteration" not in view.ops:
+            return []  # most bodies: no edge map is built for them
         producers = self.producers_of(name)
         if view.is_loop_body:
             args = _args(view)

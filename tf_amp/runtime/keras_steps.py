@@ -9,8 +9,8 @@ Keras's own ``make_train_function``: see :mod:`tf_amp._upstream.keras`).
 
 ``jit_compile`` is honoured: the rewritten step is compiled with XLA when ``model.jit_compile``
 is true, where Keras compiles it (around ``strategy.run`` for train and test, the step each
-replica runs for predict). ``run_eagerly=True`` cannot be rewritten (there is no graph); it runs float32 with one
-warning.
+replica runs for predict). ``run_eagerly=True`` cannot be rewritten (there is no graph); it
+runs float32 with one warning.
 """
 
 from __future__ import annotations
