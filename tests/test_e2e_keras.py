@@ -77,21 +77,33 @@ def test_fit_runs_the_half_step_with_steps_per_execution(compile_hook: None) -> 
     assert float(opt.loss_scale) >= 1.0 and int(opt.skipped_steps) >= 0
 
 
+@pytest.mark.parametrize("unrolled", [1, 2])
 @pytest.mark.parametrize("batches", [7, 6])
 def test_a_dataset_of_unknown_length_counts_each_batch_once(
-    compile_hook: None, batches: int, monkeypatch: pytest.MonkeyPatch
+    compile_hook: None, batches: int, unrolled: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The multi-step loop ran its first step on get_next() outside any cond: in the call that
     met the end of the data, the optimizer's iterations (which read no data) still moved, one
-    extra step per epoch. (bfloat16: no loss scale's cond around the update.)"""
+    extra step per epoch. (bfloat16: no loss scale's cond around the update.) With Keras's
+    ``unrolled_steps_per_execution``, two steps run per iteration of the loop; a step past
+    ``steps_per_execution`` or the data's end runs nothing."""
     monkeypatch.setenv("TF_AMP_TARGET_DTYPE", "bfloat16")
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
     opt = tf_amp.enable_mixed_precision_graph_rewrite(keras.optimizers.SGD(0.05))
     model.compile(optimizer=opt, loss="mse", steps_per_execution=3)
+    model.unrolled_steps_per_execution = unrolled
     x = np.random.default_rng(0).normal(size=(batches * 10, 4)).astype(np.float32)
     data = tf.data.Dataset.from_tensor_slices((x, x[:, :1] * 2)).filter(lambda a, b: True)
     history = model.fit(data.batch(10), epochs=2, verbose=0)
     assert int(model.optimizer.iterations) == 2 * batches
+    # The loop's body holds two conds per step it runs (run the step or not, fetch the next
+    # batch or not), one pair per unrolled step.
+    cells = [cell.cell_contents for cell in model.train_function.__closure__]
+    (loop_function,) = (c for c in cells if hasattr(c, "_list_all_concrete_functions"))
+    (traced,) = loop_function._list_all_concrete_functions()
+    (body,) = (f for f in traced.graph.as_graph_def().library.function
+               if f.signature.name.startswith("while_body"))
+    assert sum(n.op in ("If", "StatelessIf") for n in body.node_def) == 2 * unrolled
     assert history.history["loss"][-1] < history.history["loss"][0]
 
 

@@ -134,7 +134,7 @@ def _make_step_function(model: Any, step_function: Any, kind: str, config: Any) 
         def cond(i: Any, outputs: Any, upcoming: Any) -> Any:
             return tf.logical_and(tf.less(i, steps), upcoming.has_value())
 
-        def body(i: Any, outputs: Any, upcoming: Any) -> Any:
+        def one_iteration(i: Any, outputs: Any, upcoming: Any) -> Any:
             def run() -> Any:
                 ran = tf.experimental.Optional.from_value(one_step_on_data(upcoming.get_value()))
                 upstream_tf.set_optional_element_spec(empty, ran.element_spec)
@@ -144,11 +144,20 @@ def _make_step_function(model: Any, step_function: Any, kind: str, config: Any) 
                 upstream_tf.set_optional_element_spec(outputs, empty.element_spec)
                 return outputs
 
-            new = tf.cond(upcoming.has_value(), run, keep)
+            new = tf.cond(cond(i, outputs, upcoming), run, keep)
             following = tf.cond(
                 tf.less(i + 1, steps), iterator.get_next_as_optional, lambda: upcoming
             )
             return i + 1, new, following
+
+        # Keras unrolls ``unrolled_steps_per_execution`` steps into each iteration of the
+        # loop (an attribute users set); a step past ``steps`` or the data's end runs nothing.
+        unrolled = max(1, min(int(getattr(model, "unrolled_steps_per_execution", 1)), steps))
+
+        def body(i: Any, outputs: Any, upcoming: Any) -> Any:
+            for _ in range(unrolled):
+                i, outputs, upcoming = one_iteration(i, outputs, upcoming)
+            return i, outputs, upcoming
 
         start = (tf.constant(0), empty, iterator.get_next_as_optional())
         _, final, _ = tf.while_loop(cond, body, start)
