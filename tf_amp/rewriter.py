@@ -189,13 +189,15 @@ def _rewrite(
     saved_gradient_types = frozenset(
         g.registered_op_type for g in out.library.registered_gradients
     )
-    loop_bodies = _while_body_names(views) | dataset_loop_bodies(out)
+    dataset_loops = dataset_loop_bodies(out)
+    loop_bodies = _while_body_names(views) | dataset_loops.keys()
     for (name, _, _), view in zip(bodies, views, strict=True):
         view.saved_gradient_types = saved_gradient_types
         view.is_loop_body = name in loop_bodies
     if config.guards_accumulators:  # a loop's sum can reach into its conditions' branches
         running_sums = accumulator_guard_plan(
-            {name: view for (name, _, _), view in zip(bodies, views, strict=True)}
+            {name: view for (name, _, _), view in zip(bodies, views, strict=True)},
+            dataset_loops,
         )
         for (name, _, _), view in zip(bodies, views, strict=True):
             view.running_sums = running_sums.get(name, frozenset())

@@ -40,6 +40,12 @@ the condition's ``Switch`` (``_SwitchN`` for a ``Case``) and ``Merge``. Unguarde
 where float32 reached 229.6. Loop variables that feed each other (``s1, s2 = s2 + x, s1``)
 are a running sum too, each every other iteration: the paths among variables that form a
 cycle with a sum on it are guarded.
+
+A loop over a dataset (``for x in dataset:`` in a ``tf.function``, ``Dataset.reduce``) keeps
+its state float32 whatever updates it (an EMA with a tensor decay, a running mean, a product,
+a clipped sum): TensorFlow's pass leaves such a function float32 as a whole, and tf_amp
+rewrites it only so that the model it runs gets mixed precision. Painted, an EMA of 2,000
+values came out 60% low in bfloat16 (13% off in float16).
 """
 
 from __future__ import annotations
@@ -96,8 +102,9 @@ BranchPaths = dict[int, _Path]
 class _GuardPlanner:
     """Finds the running sums of every loop of a graph, across the bodies of its library."""
 
-    def __init__(self, views: Mapping[str, BodyView]) -> None:
+    def __init__(self, views: Mapping[str, BodyView], dataset_loops: Mapping[str, int]) -> None:
         self.views = views
+        self.dataset_loops = dataset_loops
         self.producers: dict[str, dict[int, dict[int, tuple[int, int]]]] = {}
         self.branch_paths: dict[tuple[str, int], BranchPaths] = {}
 
@@ -127,12 +134,14 @@ class _GuardPlanner:
         if not view.is_loop_body and "NextIteration" not in view.ops:
             return []  # most bodies: no edge map is built for them
         producers = self.producers_of(name)
+        state_count = self.dataset_loops.get(name)  # None: a While body, every value
         if view.is_loop_body:
-            args = _args(view)
+            args = _args(view)[:state_count]
+            every_op = state_count is not None
             for k, fed in _returned_values(view, producers):
                 if k < len(args):
                     edges.extend((k, args.index(j), path)
-                                 for j, path in self._paths_back(name, fed, args))
+                                 for j, path in self._paths_back(name, fed, args, every_op))
         if "NextIteration" in view.ops:
             merges_fed: dict[int, list[int]] = {}  # NextIteration -> the Merge nodes it feeds
             for src, dst in zip(view.e_src, view.e_dst, strict=True):
@@ -147,13 +156,15 @@ class _GuardPlanner:
                     for source, path in self._paths_back(name, fed, merges):
                         path.nodes.setdefault("", set()).update((node, merge))
                         edges.append((merge, source, path))
-        return _summing_cycles(edges)
+        # A dataset loop's state stays float32 whatever updates it, as TensorFlow's pass
+        # leaves the whole function (see the module docstring).
+        return _summing_cycles(edges, need_sum=state_count is None)
 
     def _paths_back(
-        self, name: str, value: tuple[int, int], variables: list[int]
+        self, name: str, value: tuple[int, int], variables: list[int], every_op: bool = False
     ) -> list[tuple[int, _Path]]:
         """(variable, the path) for each of ``variables`` that ``value`` comes from."""
-        walk = _Walk(self, name, frozenset(variables))
+        walk = _Walk(self, name, frozenset(variables), every_op)
         return [(v, walk.path_to(v)) for v in sorted(walk.reached(value))]
 
     def through_branch(self, function: str, ret: int) -> BranchPaths:
@@ -187,8 +198,11 @@ class _Walk:
     """One backward walk over a body's data edges, from a value to the ``targets`` it is
     computed from through sums, carriers, products by a constant and conditions."""
 
-    def __init__(self, planner: _GuardPlanner, name: str, targets: frozenset[int]) -> None:
+    def __init__(
+        self, planner: _GuardPlanner, name: str, targets: frozenset[int], every_op: bool = False
+    ) -> None:
         self.planner = planner
+        self.every_op = every_op  # follow every data input of every op (a dataset loop's)
         self.view = planner.views[name]
         self.producers = planner.producers_of(name)
         self.targets = targets
@@ -230,6 +244,8 @@ class _Walk:
     def _inputs_followed(self, node: int, port: int) -> list[tuple[int, int]]:
         op = self.view.ops[node]
         fed = self.producers.get(node, {})
+        if self.every_op:
+            return list(fed.values())
         if op == "Sub":  # acc - x accumulates; x - acc does not (it alternates)
             return [fed[0]] if 0 in fed else []
         if op in _SUMS:
@@ -267,9 +283,10 @@ class _Walk:
         return found
 
 
-def _summing_cycles(edges: list[tuple[int, int, _Path]]) -> list[_Path]:
+def _summing_cycles(edges: list[tuple[int, int, _Path]], need_sum: bool = True) -> list[_Path]:
     """The paths among ``edges`` (variable <- variable it comes from) that lie on a cycle of
-    variables (a strongly connected set, or a variable from itself) with a sum on it."""
+    variables (a strongly connected set, or a variable from itself) with a sum on it (any
+    cycle when not ``need_sum``)."""
     comes_from: dict[int, set[int]] = {}
     for k, j, _ in edges:
         comes_from.setdefault(k, set()).add(j)
@@ -286,7 +303,7 @@ def _summing_cycles(edges: list[tuple[int, int, _Path]]) -> list[_Path]:
     reach = {k: upstream(k) for k in comes_from}
     component = {k: frozenset(j for j in reach[k] if k in reach.get(j, ())) for k in reach}
     cyclic = [(k, j, path) for k, j, path in edges if k in reach.get(j, ())]
-    summing = {component[k] for k, _, path in cyclic if path.has_sum}
+    summing = {component[k] for k, _, path in cyclic if path.has_sum or not need_sum}
     return [path for k, _, path in cyclic if component[k] in summing]
 
 
@@ -321,9 +338,12 @@ def _branch_names(view: BodyView, node: int) -> list[str]:
     return names
 
 
-def accumulator_guard_plan(views: Mapping[str, BodyView]) -> dict[str, frozenset[int]]:
+def accumulator_guard_plan(
+    views: Mapping[str, BodyView], dataset_loops: Mapping[str, int] | None = None
+) -> dict[str, frozenset[int]]:
     """The nodes the guard keeps float32, per body ("" for the main graph, else a library
     function's name): the running sums of every ``While`` body (``view.is_loop_body``) and
-    of every TF1 loop, with their parts inside the branch functions of conditions on the way
-    (see the module docstring)."""
-    return _GuardPlanner(views).plan()
+    of every TF1 loop, with their parts inside the branch functions of conditions on the way,
+    and the running state of every dataset loop (``dataset_loops``: its body's name -> the
+    number of state values it takes and returns first). See the module docstring."""
+    return _GuardPlanner(views, dataset_loops or {}).plan()

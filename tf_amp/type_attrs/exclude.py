@@ -248,12 +248,14 @@ returns the next state first (a scan then its output), so its return ``k`` is it
 ``k``'s next value. AutoGraph runs ``for x in dataset:`` as a scan over the dataset, reduced."""
 
 
-def dataset_loop_bodies(graph_def: Any) -> frozenset[str]:
-    """Names of the functions a :data:`DATASET_LOOP_OPS` node runs (main graph or library)."""
+def dataset_loop_bodies(graph_def: Any) -> dict[str, int]:
+    """The functions a :data:`DATASET_LOOP_OPS` node runs (main graph or library), each with
+    the number of state values it takes and returns first (its ``Tstate``)."""
     nodes = list(graph_def.node)
     for function in graph_def.library.function:
         nodes.extend(function.node_def)
-    return frozenset(
-        node.attr["f"].func.name for node in nodes
+    return {
+        node.attr["f"].func.name: len(node.attr["Tstate"].list.type)
+        for node in nodes
         if node.op in DATASET_LOOP_OPS and node.attr["f"].func.name
-    )
+    }
