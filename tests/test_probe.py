@@ -6,6 +6,8 @@ times for real, to check what is timed and that the figures are measurements.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import tensorflow as tf
 
@@ -179,3 +181,65 @@ def test_what_the_probe_cannot_time_is_listed_with_the_reason(caplog) -> None:  
         rewrite_graph_def(with_a_call, config)
     assert "probe timed nothing" in caplog.text
     assert "a function call: the probe times the main graph's own ops" in caplog.text
+
+
+def test_a_stateful_op_is_not_run_alone() -> None:
+    """A Python function on a list (here as an infer op) was run about 300 times by the probe,
+    with float16 data, though the rewrite never converts it: its side effects repeated."""
+    calls = []
+
+    def side_effect(x):
+        calls.append(x.dtype)
+        return x
+
+    @tf.function
+    def f(x, w):
+        return tf.matmul(tf.numpy_function(side_effect, [x], tf.float32, stateful=True), w)
+
+    specs = [tf.TensorSpec([8, 8]), tf.TensorSpec([8, 8])]
+    graph_def = f.get_concrete_function(*specs).graph.as_graph_def()
+    timings = probe.probe_graph(graph_def, "float16", {"PyFunc": "infer", "MatMul": "allow"},
+                                repeats=1)
+    assert not calls
+    assert any("stateful" in u.why for u in timings.untimed), timings.untimed
+
+
+def test_a_signature_is_timed_once_per_process() -> None:
+    """A graph probed again (a tf_amp.Session's graph grows and is rewritten again) re-timed
+    everything, seconds per run, and a noisy measurement could flip the decision."""
+    graph_def = step_graph()
+    first = probe.probe_graph(graph_def, "bfloat16", categories(graph_def), repeats=1)
+    again = probe.probe_graph(graph_def, "bfloat16", categories(graph_def), repeats=1)
+    assert [(t.signature, t.float32_s, t.reduced_s) for t in first] == [
+        (t.signature, t.float32_s, t.reduced_s) for t in again
+    ]
+
+
+def test_an_allow_op_that_loses_only_noise_is_painted() -> None:
+    timing = probe.OpTiming(probe.Signature("MatMul", ((8, 8),), b""), ("m",), 4e-6, 9e-6,
+                            "allow")
+    assert timing.ratio > 2 and not timing.keep_float32
+
+
+def test_the_probe_under_the_environment_switch_times_float32_with_tensorflows_session():
+    """Under TF_ENABLE_AUTO_MIXED_PRECISION the public Session is tf_amp's: the probe's own
+    timing graph was rewritten (its float32 time was a float16 one) and probed again, until
+    RecursionError."""
+    import subprocess
+    import sys
+
+    script = (
+        "import tensorflow as tf, tf_amp\n"
+        "w = tf.Variable(tf.ones([64, 64]))\n"
+        "@tf.function\n"
+        "def step(x):\n"
+        "    return tf.reduce_sum(tf.matmul(x, w))\n"
+        "print('result', float(step(tf.ones([16, 64]))))\n"
+    )
+    env = dict(os.environ, TF_ENABLE_AUTO_MIXED_PRECISION="1", TF_AMP_TARGET_DTYPE="float16",
+               TF_AMP_PROBE="1", TF_CPP_MIN_LOG_LEVEL="2")
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "result 65536.0" in done.stdout
+    assert "RecursionError" not in done.stderr

@@ -18,8 +18,11 @@ interleaved rounds; the median time per run of each is kept.
 Decision: an allow-list op stays float32 when its reduced kernel is not faster (it is there
 only for speed); an infer or clear op only when its reduced kernel is much slower
 (``INFER_SLOWDOWN``x), because keeping it float32 between reduced-precision neighbours costs a
-cast pair, which an equal-speed elementwise kernel does not repay. Times are net of the
-session's own cost per run (a no-op's run time, measured in the same rounds).
+cast pair, which an equal-speed elementwise kernel does not repay. Either kind must also lose
+``MIN_LOSS_S`` per run: below that the two timings are noise. Times are net of the session's
+own cost per run (a no-op's run time, measured in the same rounds), measured with TensorFlow's
+own Session (never a rewriting one), and kept for the process: a signature is timed once.
+Stateful ops (a Python function, a random op) are not run alone.
 
 What cannot be timed is left out and listed (``ProbeTimings.untimed``), never an error: a
 node whose op type this TensorFlow has not registered (a custom op whose library is not
@@ -47,19 +50,25 @@ import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2, graph_pb2, types_pb2
 
 import tf_amp.ops  # noqa: F401  (registers tf_amp's own op: a graph using it is not foreign)
+from tf_amp._upstream import tensorflow as upstream_tf
 from tf_amp._upstream.tensorflow import op_def_registry, tensor_util
 from tf_amp.painter.kernel_support import kernel_takes
 from tf_amp.type_attrs.exclude import CALL_OPS
 from tf_amp.type_attrs.op_info import node_layout, registry_op_info
 
 INFER_SLOWDOWN = 1.5  # an infer op stays float32 only when this many times slower...
-INFER_MIN_LOSS_S = 20e-6  # ...and slower by at least this much per run (else it is noise)
+MIN_LOSS_S = 20e-6  # ...and any op only when slower by this much per run (else it is noise)
 _DTYPES = {"float16": types_pb2.DT_HALF, "bfloat16": types_pb2.DT_BFLOAT16}
 # Attributes that say where or how a node was built, not what it computes.
 _IGNORED_ATTRS = frozenset({"_class", "_output_shapes", "_tf_amp_exclude", "_XlaCompile"})
 
 # (signature, dtype name) -> seconds per run: replaces the measurement (tests, replays).
 Timer = Callable[["Signature", str], float]
+
+# (signature, target) -> (float32, target) seconds, measured once per process: a graph that
+# grows (each new op of a ``tf_amp.Session``'s graph rewrites it again) re-times only what is
+# new, and one op gets one decision in every graph of the process, not one per noisy probe.
+_MEASURED: dict[tuple[Signature, str], tuple[float, float]] = {}
 
 
 @dataclass(frozen=True)
@@ -91,9 +100,11 @@ class OpTiming:
 
     @property
     def keep_float32(self) -> bool:
-        if self.category == "allow":
-            return self.ratio >= 1.0
-        return self.ratio >= INFER_SLOWDOWN and self.reduced_s - self.float32_s >= INFER_MIN_LOSS_S
+        # Either kind must lose a measurable time: below it the two timings are noise on a
+        # busy machine, and a tiny MatMul flipped from one probe to the next.
+        if self.reduced_s - self.float32_s < MIN_LOSS_S:
+            return False
+        return self.ratio >= (1.0 if self.category == "allow" else INFER_SLOWDOWN)
 
 
 @dataclass(frozen=True)
@@ -181,9 +192,12 @@ def probe_graph(
             continue
         if timer is not None:
             f32, reduced = timer(signature, "float32"), timer(signature, target_dtype)
+        elif (signature, target_dtype) in _MEASURED:
+            f32, reduced = _MEASURED[signature, target_dtype]
         else:
             try:
                 f32, reduced = _measure(members[0], target_dtype, turns, repeats)
+                _MEASURED[signature, target_dtype] = f32, reduced
             except (ValueError, TypeError, tf.errors.OpError) as error:
                 # No kernel for a type, an OpDef that does not allow it: this op is left to
                 # the lists (and the rewrite's kernel check); the others are still timed.
@@ -378,8 +392,16 @@ _UNKNOWN_SHAPE = (
 )
 
 
+_STATEFUL = (
+    "it is stateful (a Python function, a random op...): timed alone, its effects would run "
+    "hundreds of times"
+)
+
+
 def _candidate(op: tf.Operation) -> _Candidate | str | None:
     """What to time for ``op``, or why it cannot be timed alone (None: nothing to time)."""
+    if op.op_def.is_stateful:  # a py_function, a random op: run alone, its effects repeat
+        return _STATEFUL
     float_inputs, constants, shapes = [], {}, []
     for i, tensor in enumerate(op.inputs):
         if tensor.dtype == tf.float32:
@@ -436,7 +458,10 @@ def _measure(
         init = tf.compat.v1.global_variables_initializer()
         fetches["overhead"] = tf.no_op()
     runs["overhead"] = []
-    with tf.compat.v1.Session(graph=graph) as session:
+    # TensorFlow's own Session: under TF_ENABLE_AUTO_MIXED_PRECISION the public name is
+    # tf_amp's, which rewrote this graph (its float32 timing was a half one) and probed it
+    # again, without end (RecursionError).
+    with upstream_tf.Session(graph=graph) as session:
         session.run(init)
         for fetch in fetches.values():
             session.run(fetch)  # first run: kernel selection, allocations
@@ -452,7 +477,7 @@ def _measure(
     return max(f32 - overhead, 1e-7), max(reduced - overhead, 1e-7)
 
 
-def _runs_per_sample(session: tf.compat.v1.Session, fetch: tf.Operation) -> int:
+def _runs_per_sample(session: Any, fetch: tf.Operation) -> int:
     """Enough runs per sample for about 20 ms, so tiny ops are not all timer noise."""
     start = time.perf_counter()
     session.run(fetch)
