@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import tf_amp
@@ -133,3 +134,46 @@ def test_a_saved_rewrite_enabled_model_loads_still_wanting_the_rewrite(tmp_path)
     plain = tf_amp.LossScaleOptimizer(keras.optimizers.SGD(0.1))
     assert plain.get_config()["graph_rewrite"] is False
     assert not optimizer_wants_rewrite(type(plain).from_config(plain.get_config()))
+
+
+@pytest.mark.parametrize(
+    ("saved_on", "loaded_on", "scaling", "rewrite"),
+    [
+        ("bfloat16", "float16", True, True),  # was: float16 trained with no loss scaling
+        ("float32", "float16", True, True),  # was: never rewritten, and enable_ refused it
+        ("float16", "float32", False, False),
+    ],
+)
+def test_a_saved_enable_wrapper_settles_its_scaling_and_rewrite_where_it_loads(
+    tmp_path, monkeypatch, saved_on, loaded_on, scaling, rewrite
+):
+    """``enable_``'s choices (loss scaling, rewrite) were saved as plain values and loaded as
+    they were: a .keras file saved where the target was bfloat16 trained float16 unscaled
+    where it is float16 (small gradients underflowed: 136 of 512 weights moved, 418 with
+    scaling). A wrapper built with explicit settings keeps them."""
+    from tf_amp import hardware
+
+    def target(dtype: str) -> None:  # float32: what auto picks without fast reduced precision
+        monkeypatch.setenv("TF_AMP_TARGET_DTYPE", "auto" if dtype == "float32" else dtype)
+        monkeypatch.setattr(hardware, "cpu_flags", lambda: frozenset({"avx2"}))
+
+    path = str(tmp_path / "model.keras")
+    target(saved_on)
+    try:
+        model = _compiled_model(tf_amp.enable_mixed_precision_graph_rewrite(
+            keras.optimizers.SGD(0.1)))
+        model.save(path)
+    finally:
+        tf_amp.disable_mixed_precision_graph_rewrite()
+    target(loaded_on)
+    try:
+        loaded = keras.models.load_model(path)
+        assert loaded.optimizer.enabled is scaling
+        assert optimizer_wants_rewrite(loaded.optimizer) is rewrite
+        assert loaded.optimizer.get_config()["settled_by_target"]  # and so on, if saved again
+    finally:
+        tf_amp.disable_mixed_precision_graph_rewrite()
+    explicit = tf_amp.enable_mixed_precision_graph_rewrite(
+        keras.optimizers.SGD(0.1), enabled=False)
+    tf_amp.disable_mixed_precision_graph_rewrite()
+    assert not explicit.get_config()["settled_by_target"]

@@ -66,18 +66,47 @@ def enable_mixed_precision_graph_rewrite(
       TypeError: ``opt`` is not a supported optimizer; the message says what to pass.
     """
     target = process_target()
+    settled_here = False
     if isinstance(loss_scale, str) and loss_scale == "auto":
         loss_scale = "dynamic"
         if "enabled" not in kwargs:
             # A pass-through wrapper (scale 1, no check, no skip) keeps the custom-loop API
             # (get_scaled_loss...) working and its saved files identical in layout.
-            kwargs["enabled"] = target.needs_loss_scaling or _a_keras_policy_computes_in_float16()
+            kwargs["enabled"], _ = settings_for_this_machine()
+            settled_here = True
     wrapped = LossScaleOptimizer(opt, loss_scale=loss_scale, **kwargs)
+    if settled_here:  # saved with it, so that a file loaded elsewhere is settled there
+        setattr(wrapped, SETTLED_BY_TARGET, True)
     if not target.rewrites:
         # float32 target (no fast reduced precision here): nothing to rewrite, so no hook and
         # no rebuilt step either; fit runs Keras's own step, at float32's speed.
         return wrapped
     return mark_for_rewrite(wrapped)
+
+
+SETTLED_BY_TARGET = "_tf_amp_settled_by_target"
+"""Set on a wrapper whose loss scaling and rewrite ``enable_mixed_precision_graph_rewrite``
+chose from the machine's target. Its config says so (``settled_by_target``), and
+``from_config`` chooses them again for the machine that loads it: a file saved where the
+target was bfloat16 (no scaling) and loaded where it is float16 trained float16 unscaled, and
+one saved where it was float32 (no rewrite) stayed float32 for good."""
+
+
+def settings_for_this_machine() -> tuple[bool, bool]:
+    """(loss scaling on, rewrite on), as ``enable_mixed_precision_graph_rewrite`` with
+    ``loss_scale="auto"`` chooses them on this machine."""
+    target = process_target()
+    return target.needs_loss_scaling or _a_keras_policy_computes_in_float16(), target.rewrites
+
+
+def settle_loaded_config(config: dict[str, Any], graph_rewrite: bool) -> tuple[bool, bool]:
+    """For a wrapper's ``from_config``: pops ``settled_by_target``; when set, puts in
+    ``config`` the loss scaling chosen on this machine and returns (True, the rewrite chosen
+    here), else (False, ``graph_rewrite`` as saved)."""
+    if not config.pop("settled_by_target", False):
+        return False, graph_rewrite
+    config["enabled"], rewrite = settings_for_this_machine()
+    return True, rewrite
 
 
 def _a_keras_policy_computes_in_float16() -> bool:

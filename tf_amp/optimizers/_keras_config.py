@@ -41,6 +41,9 @@ def wrapper_config(wrapper: Any, graph_rewrite: bool) -> dict[str, Any]:
         # Saved so that load_model gives back an optimizer that still wants the rewrite
         # (enable_mixed_precision_graph_rewrite refuses to wrap a wrapper again).
         "graph_rewrite": graph_rewrite,
+        # Both chosen from the saving machine's target (tf_amp.enable.SETTLED_BY_TARGET):
+        # chosen again for the loading machine's.
+        "settled_by_target": bool(getattr(wrapper, "_tf_amp_settled_by_target", False)),
         # Read-only copies in Keras 3 / tf.keras 2.x names; from_config ignores them when
         # loss_scale is present, which says the same and more.
         "dynamic": policy.dynamic,
@@ -115,3 +118,4 @@ def _policy_from_serialized(serialized: Any) -> LossScale:
             backoff_factor=1.0 / multiplier,
         )
     return loss_scale_lib.deserialize(serialized)
+

@@ -41,6 +41,7 @@ class TfKerasConfig:
             "floor_warning_skips": self.floor_warning_skips,
             "max_consecutive_skips": self.max_consecutive_skips,
             "graph_rewrite": _state.optimizer_wants_rewrite(self),
+            "settled_by_target": bool(getattr(self, "_tf_amp_settled_by_target", False)),
             # tf_keras's own keys, read-only copies (from_config prefers loss_scale)
             "dynamic": policy.dynamic,
             "initial_scale": policy.initial_scale,
@@ -59,7 +60,10 @@ class TfKerasConfig:
                 config.pop(key, None)
             config["loss_scale"] = loss_scale_lib.deserialize(config["loss_scale"])
         graph_rewrite = config.pop("graph_rewrite", False)
+        settled, graph_rewrite = _settle_loaded_config(config, graph_rewrite)
         optimizer = cls(inner, **config)
+        if settled:
+            optimizer._tf_amp_settled_by_target = True  # noqa: SLF001
         if graph_rewrite:
             # On use: the switch loads the tf_keras adapter and the rewriter, which a wrapper
             # that never asked for the rewrite does not need.
@@ -67,3 +71,9 @@ class TfKerasConfig:
 
             mark_for_rewrite(optimizer)
         return optimizer
+
+
+def _settle_loaded_config(config: dict[str, Any], graph_rewrite: bool) -> tuple[bool, bool]:
+    from tf_amp.enable import settle_loaded_config  # on use: enable imports the wrappers
+
+    return settle_loaded_config(config, graph_rewrite)
