@@ -177,3 +177,31 @@ def test_a_saved_enable_wrapper_settles_its_scaling_and_rewrite_where_it_loads(
         keras.optimizers.SGD(0.1), enabled=False)
     tf_amp.disable_mixed_precision_graph_rewrite()
     assert not explicit.get_config()["settled_by_target"]
+
+
+def test_a_model_whose_own_policy_computes_in_float16_gets_loss_scaling(monkeypatch):
+    """Keras's ``compile`` scales the loss of a model whose dtype policy is mixed_float16, and
+    does not once given a wrapper; ``enable_`` under a bfloat16 target returned one without
+    scaling, so the float16 gradients went unscaled (136 of 512 weights moved, 418 scaled)."""
+    monkeypatch.setenv("TF_AMP_TARGET_DTYPE", "bfloat16")
+    x = np.random.default_rng(0).standard_normal((32, 8)).astype(np.float32)
+
+    class Net(keras.Model):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.hidden = keras.layers.Dense(16, dtype=self.dtype_policy)
+            self.out = keras.layers.Dense(1, dtype=self.dtype_policy)
+
+        def call(self, inputs):
+            return self.out(self.hidden(inputs))
+
+    model = Net(dtype="mixed_float16")
+    model(x[:1])
+    try:
+        opt = tf_amp.enable_mixed_precision_graph_rewrite(keras.optimizers.SGD(0.1))
+        assert not opt.enabled  # bfloat16: no scaling, as far as enable_ can tell
+        model.compile(opt, loss="mse")
+        model.fit(x, x[:, :1], batch_size=32, epochs=1, verbose=0)
+        assert opt.enabled and float(opt.loss_scale) == 2.0**15
+    finally:
+        tf_amp.disable_mixed_precision_graph_rewrite()
