@@ -325,3 +325,27 @@ def test_a_loss_on_probabilities_trains_like_float32(
     assert np.isfinite(amp_losses).all(), amp_losses
     assert all(np.isfinite(w).all() for w in model.get_weights())
     np.testing.assert_allclose(amp_losses[-1], float32_losses[-1], atol=0.01)
+
+
+def test_fit_runs_eagerly_under_run_functions_eagerly(compile_hook: None) -> None:
+    """``tf.config.run_functions_eagerly(True)`` runs Keras's steps eagerly (breakpoints and
+    prints in ``call`` work); the rewritten steps were traced and run as graphs regardless."""
+    seen: list[bool] = []
+
+    class Watch(keras.layers.Layer):
+        def call(self, x):
+            seen.append(tf.executing_eagerly())
+            return x
+
+    model = keras.Sequential([keras.Input((3,)), Watch(), keras.layers.Dense(1)])
+    model.compile(tf_amp.enable_mixed_precision_graph_rewrite(keras.optimizers.SGD(0.1)),
+                  loss="mse")
+    x, y = np.ones((4, 3), np.float32), np.ones((4, 1), np.float32)
+    tf.config.run_functions_eagerly(True)
+    try:
+        seen.clear()
+        model.fit(x, y, epochs=2, verbose=0)
+        model.predict(x, verbose=0)
+    finally:
+        tf.config.run_functions_eagerly(False)
+    assert seen and all(seen), seen

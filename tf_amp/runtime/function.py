@@ -285,6 +285,10 @@ class Function:
         return self._traced.experimental_get_tracing_count()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if tf.config.functions_run_eagerly():
+            # As tf.function does: the Python function runs eagerly (nothing is traced to
+            # rewrite); Keras's rewritten steps were traced and run as graphs regardless.
+            return self._traced(*args, **kwargs)
         # Canonicalise as tf.function does (defaults filled in, numpy -> tensors), then bind
         # and flatten against the traced function type and call the rebuilt function flat.
         traced = self._traced
