@@ -137,17 +137,19 @@ class _GuardPlanner:
         state_count = self.dataset_loops.get(name)  # None: a While body, every value
         if view.is_loop_body:
             args = _args(view)[:state_count]
+            position = {arg: k for k, arg in enumerate(args)}
+            variables = frozenset(args)  # made once: a loop may have thousands
             every_op = state_count is not None
             for k, fed in _returned_values(view, producers):
                 if k < len(args):
-                    edges.extend((k, args.index(j), path)
-                                 for j, path in self._paths_back(name, fed, args, every_op))
+                    edges.extend((k, position[j], path)
+                                 for j, path in self._paths_back(name, fed, variables, every_op))
         if "NextIteration" in view.ops:
             merges_fed: dict[int, list[int]] = {}  # NextIteration -> the Merge nodes it feeds
             for src, dst in zip(view.e_src, view.e_dst, strict=True):
                 if view.ops[src] == "NextIteration" and view.ops[dst] == "Merge":
                     merges_fed.setdefault(src, []).append(dst)
-            merges = [m for fed in merges_fed.values() for m in fed]
+            merges = frozenset(m for fed in merges_fed.values() for m in fed)
             for node, fed_merges in merges_fed.items():
                 fed = producers.get(node, {}).get(0)
                 if fed is None:
@@ -161,11 +163,13 @@ class _GuardPlanner:
         return _summing_cycles(edges, need_sum=state_count is None)
 
     def _paths_back(
-        self, name: str, value: tuple[int, int], variables: list[int], every_op: bool = False
+        self, name: str, value: tuple[int, int], variables: frozenset[int], every_op: bool = False
     ) -> list[tuple[int, _Path]]:
         """(variable, the path) for each of ``variables`` that ``value`` comes from."""
-        walk = _Walk(self, name, frozenset(variables), every_op)
-        return [(v, walk.path_to(v)) for v in sorted(walk.reached(value))]
+        walk = _Walk(self, name, variables, every_op)
+        reached = walk.reached(value)
+        paths = walk.paths()
+        return [(v, paths.get(v, _Path())) for v in sorted(reached)]
 
     def through_branch(self, function: str, ret: int) -> BranchPaths:
         """For return ``ret`` of branch function ``function``: the arguments it carries on
@@ -183,10 +187,12 @@ class _GuardPlanner:
         args = _args(view)
         walk = _Walk(self, function, frozenset(args))
         walk.reached(fed)
+        found = walk.paths()
         paths = {}
         for position, arg in enumerate(args):
-            path = walk.path_to(arg)
-            if path.nodes or fed[0] == arg:
+            path = found.get(arg)
+            if path is not None or fed[0] == arg:
+                path = path or _Path()
                 paths[position] = _Path(path.has_sum, {
                     (body or function): nodes for body, nodes in path.nodes.items()
                 })
@@ -232,14 +238,20 @@ class _Walk:
         self.memo[tensor] = result
         return result
 
-    def path_to(self, target: int) -> _Path:
-        view = self.view
-        nodes = {t[0] for t, found in self.memo.items() if target in found}
-        path = _Path(any(view.ops[n] in _SUMS for n in nodes), {"": nodes} if nodes else {})
+    def paths(self) -> dict[int, _Path]:
+        """The path to each target reached, from what the walk has seen (one pass over it)."""
+        nodes: dict[int, set[int]] = {}
+        for tensor, found in self.memo.items():
+            for target in found:
+                nodes.setdefault(target, set()).add(tensor[0])
+        paths = {
+            target: _Path(any(self.view.ops[n] in _SUMS for n in on_path), {"": on_path})
+            for target, on_path in nodes.items()
+        }
         for found, branch in self.crossings:
-            if target in found:
-                path.join(branch)
-        return path
+            for target in found:
+                paths.setdefault(target, _Path()).join(branch)
+        return paths
 
     def _inputs_followed(self, node: int, port: int) -> list[tuple[int, int]]:
         op = self.view.ops[node]
