@@ -181,6 +181,19 @@ def test_a_folded_bound_beyond_range_keeps_the_whole_range() -> None:
     assert amp.reports[-1].consts_folded >= 1
 
 
+def test_a_constant_that_rounds_to_the_largest_half_is_no_sentinel() -> None:
+    # 65510 rounds to float16's 65504 as a Cast rounds it; taken for a value beyond the range
+    # (above 65504), it became the sentinel 32752 where a sum read it: half its value.
+    w = tf.constant(np.eye(4, dtype=np.float32))
+
+    def shifted(x: tf.Tensor) -> tf.Tensor:
+        return tf.matmul(tf.matmul(x, w) + 65510.0, w)
+
+    x = tf.constant([[1.0, 2.0, 3.0, 4.0]])
+    amp = tf_amp.function(shifted, config=RewriteConfig(target_dtype="float16"))
+    np.testing.assert_allclose(amp(x), tf.function(shifted)(x), rtol=1e-3)
+
+
 def _imported(graph_def: graph_pb2.GraphDef) -> tf.Graph:
     graph = tf.Graph()
     with graph.as_default():

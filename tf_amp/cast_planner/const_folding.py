@@ -79,7 +79,7 @@ def saturated_half_copy(proto: Any, target: int, added: Callable[[], bool]) -> A
 
 
 def _overflows(tensor: Any, target: int) -> bool:
-    """Whether a finite float32 value of ``tensor`` lies beyond ``target``'s largest finite."""
+    """Whether a finite float32 value of ``tensor`` becomes an infinity cast to ``target``."""
     return _beyond_range(_float32_values(tensor), _half_numpy_dtype(target))
 
 
@@ -92,9 +92,17 @@ def _float32_values(tensor: Any) -> np.ndarray:
 
 
 def _beyond_range(values: np.ndarray, half: Any) -> bool:
-    """Whether a finite value of ``values`` lies beyond ``half``'s largest finite one."""
-    largest = float(ml_dtypes.finfo(half).max)
-    return bool((np.abs(values[np.isfinite(values)]) > largest).any())
+    """Whether a finite value of ``values`` rounds to an infinity in ``half``: beyond the
+    midpoint past its largest finite number, not the number itself (65510 rounds to float16's
+    65504, as a runtime Cast does; it was taken for a sentinel and became 32752)."""
+    return bool(np.isinf(_rounded(values, half)).any())
+
+
+def _rounded(values: np.ndarray, half: Any) -> np.ndarray:
+    """``values`` cast to ``half`` (round to nearest even, as TensorFlow's Cast), infinities
+    and NaNs of ``values`` set to 0 so that only overflows are infinite."""
+    with np.errstate(over="ignore"):
+        return np.where(np.isfinite(values), values, 0).astype(half)
 
 
 def _half_numpy_dtype(target: int) -> Any:
@@ -145,6 +153,6 @@ def _saturating_cast(values: np.ndarray, half: Any, added: bool = False) -> np.n
         return values.astype(half)
     largest = float(ml_dtypes.finfo(half).max)
     sentinel = largest / 2 if added else largest
-    beyond = np.isfinite(values) & (np.abs(values) > largest)
+    beyond = np.isinf(_rounded(values, half))
     clipped = np.where(beyond, np.copysign(sentinel, values), values)
     return clipped.astype(half)
