@@ -603,3 +603,24 @@ def test_tf_keras_loss_scopes_and_their_gradients_stay_float32() -> None:
     assert colours[("binary_crossentropy/clip_by_value/Minimum", "T")] == "float32"
     assert colours[("gradient_tape/binary_crossentropy/grad", "T")] == "float32"
     assert colours[("not_a_loss/other", "T")] == "allow"
+
+
+def test_a_float32_vertex_names_the_deny_list_op_it_follows() -> None:
+    """The reason named the previous op on the path as the "float32-only op" (Relu, Tanh:
+    neither is on the deny list) and said an infer op "feeds a deny/infer op" where it fed
+    only a MatMul."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [4, 8], name="x")
+        w = tf.constant(0.1, tf.float32, [8, 8], name="w")
+        e = tf.exp(tf.matmul(x, w, name="mm1"), name="exp")  # deny
+        s = tf.sigmoid(tf.tanh(tf.nn.relu(e, name="relu"), name="tanh"), name="sigmoid")
+        tf.identity(tf.matmul(s, w, name="mm2"), name="out")
+    config = RewriteConfig(target_dtype="float16", check_kernels=False,
+                           preserve_nodes=frozenset({"out"}))
+    report = rewrite_graph_def(graph.as_graph_def(), config).report
+    for node in ("relu", "tanh", "sigmoid"):
+        decision = report.decision_for(node)
+        assert decision.dtype == "float32" and decision.cause.startswith("exp (Exp)"), decision
+    assert "feeds a deny/infer op" in report.decision_for("relu").reason  # a clear op
+    assert "feeds a deny/infer op" not in report.decision_for("sigmoid").reason  # infer

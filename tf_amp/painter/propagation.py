@@ -82,9 +82,12 @@ def propagate_deny_forward(state: PaintState) -> None:
         stack = []
     while stack:
         v = stack.pop()
+        origin = v if cat[v] == CAT_DENY else state.cause[v]  # the deny-list op it follows
         for w in fanout[v]:
             if upstream[w] and colour[w] != DENY_C and cat[w] != CAT_ALLOW:
-                state.paint(w, DENY_C, Reason.DENY_PROPAGATED, v)
+                reason = Reason.DENY_PROPAGATED_INFER if cat[w] == CAT_INFER else (
+                    Reason.DENY_PROPAGATED)
+                state.paint(w, DENY_C, reason, origin)
                 stack.append(w)
                 n += 1
     state.count("propagate_deny_forward", n)

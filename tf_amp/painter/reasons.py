@@ -46,6 +46,11 @@ class Reason(enum.Enum):
         "fed (through clear/infer ops) by float32-only op {cause} and itself feeds a "
         "deny/infer op: kept float32 so the unsafe value is not rounded",
     )
+    DENY_PROPAGATED_INFER = (
+        "propagate_deny_forward",
+        "fed (through clear/infer ops) by float32-only op {cause}: an infer op follows "
+        "its inputs, kept float32 so the unsafe value is not rounded",
+    )
     TENSOR_LIST_UNSAFE = (
         "find_tensor_list_clusters",
         "TensorList whose handle crosses a function, feed or control-flow boundary: "
