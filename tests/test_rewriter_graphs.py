@@ -457,6 +457,26 @@ def test_log_dir_files_and_tensorboard_event(tmp_path, tf1_graph) -> None:  # no
             tf.graph_util.import_graph_def(board, name="")  # loads: TensorBoard can too
 
 
+def test_the_logged_decisions_name_a_kept_names_converted_op(tmp_path, tf1_graph) -> None:  # noqa: ANN001
+    """With the original names kept (tf_amp.Session), a converted node's name is a Cast (an
+    IdentityN of Casts, a float32 Switch) in the logged after-graph and its op is renamed; the
+    decisions said neither."""
+    cfg = RewriteConfig(log_dir=str(tmp_path), preserve_nodes=frozenset(tf1_graph.fetches),
+                        preserve_names=True)
+    result = rewrite_graph_def(tf1_graph.graph_def, cfg)
+    assert result.report.renamed
+    jsonl = next(n for n in os.listdir(tmp_path) if n.startswith("decisions_"))
+    with open(tmp_path / jsonl) as f:
+        head, *records = [json.loads(line) for line in f]
+    assert head["renamed"] == result.report.renamed
+    after = {n.name: n for n in result.graph_def.node}
+    renamed = [r for r in records if "node_after" in r]
+    assert renamed
+    for record in renamed:
+        assert record["node"] in after  # kept for its readers: Casts, or a float32 Switch
+        assert after[record["node_after"]].op == record["op"]
+
+
 def test_a_graph_def_of_another_protobuf_runtime_is_rewritten_and_logged(
     tmp_path, tf1_graph  # noqa: ANN001
 ) -> None:

@@ -133,9 +133,16 @@ def _write_rewrite_logs(
         "casts_to_half": report.casts_to_half,
         "casts_to_float": report.casts_to_float,
         "pass_counts": report.pass_counts,
+        # A converted node whose name was kept for its readers (tf_amp.Session keeps the
+        # original names) is a Cast in the after-graph; its converted op is renamed to this.
+        "renamed": report.renamed,
     }
     records = [json.dumps(head, sort_keys=True)]
-    records.extend(json.dumps(d.as_dict(), sort_keys=True) for d in report.decisions)
+    for decision in report.decisions:
+        record = decision.as_dict()
+        if not decision.body and decision.node in report.renamed:
+            record["node_after"] = report.renamed[decision.node]
+        records.append(json.dumps(record, sort_keys=True))
     put("decisions", f"decisions_AutoMixedPrecision_{stamp}.jsonl", "\n".join(records) + "\n")
     board = os.path.join(log_dir, "tensorboard", stamp)
     paths["events_before"] = write_event_graph(os.path.join(board, "before"), before)
