@@ -81,3 +81,24 @@ def test_a_function_only_the_pipeline_calls_is_left_one_the_model_calls_is_rewri
     assert not any("shared" in name for name in left)
     assert any("shared" in name for name in names)
     assert all(name in names for name in left)
+
+
+def test_the_converted_lines_node_count_leaves_the_pipeline_out_whatever_the_target():
+    """The Y of "Converted X/Y nodes" counted the pipeline's functions when nothing was
+    painted (O0, a float32 target) and not when something was: 21 against 15."""
+    from tf_amp.rewriter import rewrite_graph_def
+
+    w = tf.ones([8, 8])
+
+    @tf.function
+    def f(x):
+        ds = tf.data.Dataset.range(3).map(lambda v: tf.cast(v, tf.float32) * 2.0 + 1.0)
+        return tf.matmul(x, w) * ds.reduce(0.0, lambda a, b: a + b)
+
+    graph_def = f.get_concrete_function(tf.TensorSpec([4, 8])).graph.as_graph_def()
+    counts = {
+        level: rewrite_graph_def(graph_def, RewriteConfig(
+            target_dtype="float16", check_kernels=False, opt_level=level)).report.nodes_before
+        for level in ("O1", "O0")
+    }
+    assert counts["O1"] == counts["O0"], counts

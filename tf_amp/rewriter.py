@@ -320,7 +320,10 @@ def _nodes_in_bodies(graph_def: graph_pb2.GraphDef, config: RewriteConfig) -> in
     rewrite would paint (the library's too, unless ``rewrite_functions`` is off), as counted
     when one is, so the same graph gives the same Y whatever the target."""
     functions = graph_def.library.function if config.rewrite_functions else ()
-    return len(graph_def.node) + sum(len(f.node_def) for f in functions)
+    left_as_is = input_pipeline_functions(graph_def) if functions else frozenset()
+    return len(graph_def.node) + sum(
+        len(f.node_def) for f in functions if f.signature.name not in left_as_is
+    )
 
 
 def _copy_graph_def(graph_def: Any) -> graph_pb2.GraphDef:
