@@ -217,6 +217,18 @@ def test_tensor_cores_only_leaves_the_bfloat16_lists_as_tensorflows_onednn_pass_
     assert fp16.infer == fp16.clear == fp16.deny == frozenset()
 
 
+def test_tensor_cores_only_drops_the_edits_of_the_lists_it_empties_as_tensorflow_does() -> None:
+    """TensorFlow empties the infer, clear and deny lists before their edits: with
+    DENYLIST_ADD=MatMul its GPU pass still converts MatMul, which the move-off-the-allow-list
+    rule had left on no list at all (float32)."""
+    env = {"TF_AMP_TARGET_DTYPE": "float16", ENV_PREFIX + "LEVEL": "TENSOR_CORES_ONLY",
+           ENV_PREFIX + "DENYLIST_ADD": "MatMul", ENV_PREFIX + "ALLOWLIST_ADD": "Relu"}
+    lists = RewriteConfig.from_env(env).resolved_lists()
+    assert lists.category("MatMul") == lists.category("Relu") == ALLOW
+    assert lists.deny == frozenset()
+    assert OpLists.from_env(env, target_dtype="float16") == lists
+
+
 @pytest.mark.parametrize("field", ["preserve_nodes", "exclude_scopes", "slow_nodes"])
 def test_a_names_field_refuses_one_bare_string(field: str) -> None:
     """A string would be read as its letters and protect nothing, silently."""

@@ -313,7 +313,7 @@ class RewriteConfig:
         base = self.lists if self.lists is not None else OpLists.default(
             _lists_target(self.target_dtype)
         )
-        return base.with_edits(self.list_edits).with_level(self.level, self.target_dtype)
+        return base.edited_at_level(self.list_edits, self.level, self.target_dtype)
 
     def replace(self, **changes: Any) -> RewriteConfig:
         """A copy with some fields changed (validated again; a new target gets a new reason)."""

@@ -15,7 +15,7 @@ from tf_amp.lists.environment import (
     list_edits_from_env,
 )
 from tf_amp.lists.float16 import FP16_ALLOW, FP16_CLEAR, FP16_DENY, FP16_INFER
-from tf_amp.lists.names import LIST_NAMES
+from tf_amp.lists.names import ALLOW, LIST_NAMES
 
 
 @dataclass(frozen=True)
@@ -79,6 +79,17 @@ class OpLists:
             return OpLists(self.allow, frozenset(), self.clear, self.deny | self.infer)
         return self
 
+    def edited_at_level(
+        self, edits: Iterable[tuple[str, ...]], level: str, target_dtype: str = "float16"
+    ) -> OpLists:
+        """``with_edits`` then ``with_level``, as TensorFlow orders them: under
+        TENSOR_CORES_ONLY (float16 lists) its infer, clear and deny lists are empty before any
+        edit, so only the allow list's edits count (a ``DENYLIST_ADD=MatMul`` there left
+        MatMul on no list, where TensorFlow converts it)."""
+        if level.upper() == "TENSOR_CORES_ONLY" and target_dtype != "bfloat16":
+            edits = [edit for edit in edits if edit[0] == ALLOW]
+        return self.with_edits(edits).with_level(level, target_dtype)
+
     def with_edits(self, edits: Iterable[tuple[str, ...]]) -> OpLists:
         """Apply ``(list_name, "ADD"|"REMOVE", op[, source])`` edits, as TensorFlow's
         ``UpdateList`` does: each list is edited on its own, in order (so an ADD and a later
@@ -126,6 +137,4 @@ class OpLists:
         """
         env = os.environ if environ is None else environ
         lists = base if base is not None else cls.default(target_dtype)
-        lists = lists.with_edits(list_edits_from_env(env))
-        level = level_from_env(env)
-        return lists.with_level(level, target_dtype)
+        return lists.edited_at_level(list_edits_from_env(env), level_from_env(env), target_dtype)
