@@ -135,6 +135,28 @@ def test_inspect_names_each_logged_graph(
     assert [h.rsplit(" ", 1)[-1] for h in headers] == ["(train_step)", "(eval_step)"]
 
 
+def test_inspect_lists_rewrites_of_one_millisecond_in_their_order(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The order was by the stamp's last part, the millisecond, not its counter.
+    from tf_amp import graph_log
+    from tf_amp.config import RewriteConfig
+    from tf_amp.rewriter import rewrite_graph_def
+
+    logs = tmp_path / "logs"
+    names = [f"step_{i}" for i in range(12)]
+    monkeypatch.setattr(graph_log.time, "time", lambda: 1_000_000.0)
+    for name in names:
+        rewrite_graph_def(_matmul_graph_def(), RewriteConfig(log_dir=str(logs)),
+                          graph_name=name)
+    monkeypatch.undo()
+    capsys.readouterr()
+    assert cli.main(["inspect", str(logs)]) == 0
+    headers = [line for line in capsys.readouterr().out.splitlines()
+               if line.startswith("== graph")]
+    assert [h.rsplit(" ", 1)[-1] for h in headers] == [f"({name})" for name in names]
+
+
 def test_inspect_of_an_empty_directory_says_so(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -47,10 +47,19 @@ def find_logged_graphs(logdir: str) -> dict[str, dict[str, str]]:
         for prefix, (kind, suffix) in prefixes.items():
             if name.startswith(prefix) and name.endswith(suffix):
                 found[name[len(prefix) : -len(suffix)]][kind] = os.path.join(logdir, name)
-    # Our stamps end in a counter; files that only share a prefix (a copied graph) are not ours.
-    ours = [s for s in found if "decisions" in found[s] and s.rsplit("_", 1)[-1].isdigit()]
-    ordered = sorted(ours, key=lambda stamp: int(stamp.rsplit("_", 1)[-1]))
+    # Our stamps are pid_counter_milliseconds; files that only share a prefix (a copied
+    # graph) are not ours. Oldest first: by time, then by the process's counter (one
+    # millisecond can hold several rewrites).
+    ours = [s for s in found if "decisions" in found[s] and _stamp_order(s) is not None]
+    ordered = sorted(ours, key=_stamp_order)
     return {stamp: found[stamp] for stamp in ordered}
+
+
+def _stamp_order(stamp: str) -> tuple[int, int] | None:
+    parts = stamp.rsplit("_", 2)
+    if len(parts) != 3 or not (parts[1].isdigit() and parts[2].isdigit()):
+        return None
+    return int(parts[2]), int(parts[1])
 
 
 def format_graph_summary(stamp: str, files: dict[str, str], max_islands: int = 5) -> str:
