@@ -141,6 +141,8 @@ def test_evaluate_and_predict_are_rewritten_and_keep_float32_outputs(compile_hoo
     for kind in ("test", "predict"):
         rewritten = functions[kind].rewritten_concrete_functions()
         assert {"Conv2D", "MatMul"} <= half_ops_of_functions(rewritten), kind
+        # each kind's graph named apart in the log lines and files (all were Keras's name)
+        assert all(f"one_{kind}_step_on_data" in f.graph.name for f in rewritten), kind
     assert predictions.dtype == np.float32 and predictions.shape == (96, 10)
     reference = model(x, training=False).numpy()  # float32 eager forward, same weights
     error = np.abs(predictions - reference).max() / np.abs(reference).max()
