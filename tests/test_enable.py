@@ -175,8 +175,12 @@ def test_a_saved_enable_wrapper_settles_its_scaling_and_rewrite_where_it_loads(
         tf_amp.disable_mixed_precision_graph_rewrite()
     explicit = tf_amp.enable_mixed_precision_graph_rewrite(
         keras.optimizers.SGD(0.1), enabled=False)
+    changed = tf_amp.enable_mixed_precision_graph_rewrite(keras.optimizers.SGD(0.1))
+    changed.enabled = not changed.enabled  # set by hand after enable_: saved as it is
     tf_amp.disable_mixed_precision_graph_rewrite()
     assert not explicit.get_config()["settled_by_target"]
+    assert not changed.get_config()["settled_by_target"]
+    assert type(changed).from_config(changed.get_config()).enabled is changed.enabled
 
 
 def test_a_model_whose_own_policy_computes_in_float16_gets_loss_scaling(monkeypatch):

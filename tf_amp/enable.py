@@ -29,6 +29,7 @@ from typing import Any
 from tf_amp._say_once import say_once
 from tf_amp.config import process_target
 from tf_amp.optimizers import LossScaleOptimizer
+from tf_amp.optimizers._common import SETTLED_BY_TARGET
 from tf_amp.runtime import _state, rewrite_switch
 from tf_amp.runtime.rewrite_switch import mark_for_rewrite
 
@@ -76,20 +77,12 @@ def enable_mixed_precision_graph_rewrite(
             settled_here = True
     wrapped = LossScaleOptimizer(opt, loss_scale=loss_scale, **kwargs)
     if settled_here:  # saved with it, so that a file loaded elsewhere is settled there
-        setattr(wrapped, SETTLED_BY_TARGET, True)
+        setattr(wrapped, SETTLED_BY_TARGET, wrapped.enabled)
     if not target.rewrites:
         # float32 target (no fast reduced precision here): nothing to rewrite, so no hook and
         # no rebuilt step either; fit runs Keras's own step, at float32's speed.
         return wrapped
     return mark_for_rewrite(wrapped)
-
-
-SETTLED_BY_TARGET = "_tf_amp_settled_by_target"
-"""Set on a wrapper whose loss scaling and rewrite ``enable_mixed_precision_graph_rewrite``
-chose from the machine's target. Its config says so (``settled_by_target``), and
-``from_config`` chooses them again for the machine that loads it: a file saved where the
-target was bfloat16 (no scaling) and loaded where it is float16 trained float16 unscaled, and
-one saved where it was float32 (no rewrite) stayed float32 for good."""
 
 
 def settings_for_this_machine() -> tuple[bool, bool]:

@@ -137,3 +137,18 @@ def holding_inner_optimizer(model: Any) -> Iterator[None]:
         object.__setattr__(model, "optimizer", optimizer)
         if swap_config:
             object.__setattr__(model, "_compile_config", compile_config)
+
+
+SETTLED_BY_TARGET = "_tf_amp_settled_by_target"
+"""Attribute of a wrapper whose loss scaling ``enable_mixed_precision_graph_rewrite`` chose
+from the machine's target: the ``enabled`` it chose. Its config says ``settled_by_target``
+while ``enabled`` is still that choice, and ``from_config`` then chooses again for the machine
+that loads it: a file saved where the target was bfloat16 (no scaling) and loaded where it is
+float16 trained float16 unscaled, and one saved where it was float32 (no rewrite) stayed
+float32 for good. A value set by hand since is saved as it is."""
+
+
+def settled_by_target(wrapper: Any) -> bool:
+    """Whether ``wrapper``'s loss scaling is still what its target chose (see above)."""
+    chosen = getattr(wrapper, SETTLED_BY_TARGET, None)
+    return chosen is not None and chosen == wrapper.enabled

@@ -21,6 +21,7 @@ import keras
 
 from tf_amp import loss_scale as loss_scale_lib
 from tf_amp.loss_scale import LossScale, StaticLossScale
+from tf_amp.optimizers._common import settled_by_target
 from tf_amp.optimizers._legacy_scale_args import LEGACY_SCALE_ARGS, keras_dynamic_scale
 
 # Keys of a tf.keras 2.x optimizer config that Keras 3 optimizers refuse and that change
@@ -41,9 +42,9 @@ def wrapper_config(wrapper: Any, graph_rewrite: bool) -> dict[str, Any]:
         # Saved so that load_model gives back an optimizer that still wants the rewrite
         # (enable_mixed_precision_graph_rewrite refuses to wrap a wrapper again).
         "graph_rewrite": graph_rewrite,
-        # Both chosen from the saving machine's target (tf_amp.enable.SETTLED_BY_TARGET):
-        # chosen again for the loading machine's.
-        "settled_by_target": bool(getattr(wrapper, "_tf_amp_settled_by_target", False)),
+        # Both chosen from the saving machine's target (_common.SETTLED_BY_TARGET): chosen
+        # again for the loading machine's.
+        "settled_by_target": settled_by_target(wrapper),
         # Read-only copies in Keras 3 / tf.keras 2.x names; from_config ignores them when
         # loss_scale is present, which says the same and more.
         "dynamic": policy.dynamic,

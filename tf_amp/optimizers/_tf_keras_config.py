@@ -16,6 +16,7 @@ from typing import Any
 from tf_amp import loss_scale as loss_scale_lib
 from tf_amp._upstream import tf_keras as upstream
 from tf_amp.loss_scale import LossScale
+from tf_amp.optimizers._common import SETTLED_BY_TARGET, settled_by_target
 from tf_amp.optimizers._legacy_scale_args import LEGACY_SCALE_ARGS
 from tf_amp.runtime import _state
 
@@ -41,7 +42,7 @@ class TfKerasConfig:
             "floor_warning_skips": self.floor_warning_skips,
             "max_consecutive_skips": self.max_consecutive_skips,
             "graph_rewrite": _state.optimizer_wants_rewrite(self),
-            "settled_by_target": bool(getattr(self, "_tf_amp_settled_by_target", False)),
+            "settled_by_target": settled_by_target(self),
             # tf_keras's own keys, read-only copies (from_config prefers loss_scale)
             "dynamic": policy.dynamic,
             "initial_scale": policy.initial_scale,
@@ -63,7 +64,7 @@ class TfKerasConfig:
         settled, graph_rewrite = _settle_loaded_config(config, graph_rewrite)
         optimizer = cls(inner, **config)
         if settled:
-            optimizer._tf_amp_settled_by_target = True  # noqa: SLF001
+            setattr(optimizer, SETTLED_BY_TARGET, optimizer.enabled)
         if graph_rewrite:
             # On use: the switch loads the tf_keras adapter and the rewriter, which a wrapper
             # that never asked for the rewrite does not need.

@@ -280,7 +280,7 @@ class KerasLossScaleOptimizer(
         settled, graph_rewrite = _settle_loaded_config(config, graph_rewrite)
         optimizer = cls(inner, loss_scale=policy, **config)
         if settled:
-            optimizer._tf_amp_settled_by_target = True  # noqa: SLF001
+            setattr(optimizer, _common.SETTLED_BY_TARGET, optimizer.enabled)
         if graph_rewrite:
             # On use: the switch loads the Keras adapter and the rewriter, which a wrapper
             # that never asked for the rewrite does not need.

@@ -29,6 +29,7 @@ from typing import Any
 
 from tf_amp._say_once import say_once
 from tf_amp._upstream import keras as upstream_keras
+from tf_amp.optimizers._common import SETTLED_BY_TARGET
 from tf_amp.runtime import _patches, _state, keras_steps, settings
 from tf_amp.runtime.function import Function
 
@@ -67,7 +68,7 @@ def _scale_for_a_float16_model(model: Any) -> None:
     optimizer = getattr(model, "optimizer", None)
     policy = getattr(model, "dtype_policy", None)
     if (
-        getattr(optimizer, "_tf_amp_settled_by_target", False)
+        getattr(optimizer, SETTLED_BY_TARGET, None) is not None
         and not optimizer.enabled
         and getattr(policy, "compute_dtype", None) == "float16"
     ):
