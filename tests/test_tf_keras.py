@@ -578,3 +578,30 @@ def test_a_tf_keras_loss_on_probabilities_stays_float32(target: str, monkeypatch
     assert "MatMul" in half_ops, half_ops  # the model itself still runs in half
     assert np.isfinite(amp_losses).all(), amp_losses
     np.testing.assert_allclose(amp_losses[-1], float32_losses[-1], atol=0.005)
+
+
+def test_a_tf_keras_model_whose_own_policy_computes_in_float16_gets_loss_scaling(monkeypatch):
+    """As for Keras 3: tf_keras's compile scales for a mixed_float16 model unless given a
+    wrapper, and enable_'s wrapper under a bfloat16 target did not scale."""
+    monkeypatch.setenv("TF_AMP_TARGET_DTYPE", "bfloat16")
+    x = np.random.default_rng(0).standard_normal((32, 8)).astype(np.float32)
+
+    class Net(tf_keras.Model):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.hidden = tf_keras.layers.Dense(16, dtype=self._dtype_policy)
+            self.out = tf_keras.layers.Dense(1, dtype=self._dtype_policy)
+
+        def call(self, inputs):
+            return self.out(self.hidden(inputs))
+
+    model = Net(dtype="mixed_float16")
+    model(x[:1])
+    try:
+        opt = tf_amp.enable_mixed_precision_graph_rewrite(tf_keras.optimizers.SGD(0.1))
+        assert not opt.enabled
+        model.compile(opt, loss="mse")
+        model.fit(x, x[:, :1], batch_size=32, epochs=1, verbose=0)
+        assert opt.enabled and float(opt.loss_scale) >= 2.0**14  # scaled (one halving: NaN-free)
+    finally:
+        tf_amp.disable_mixed_precision_graph_rewrite()

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import logging
 import sys
 import weakref
 from collections.abc import Iterator
 from typing import Any
+
+from tf_amp._say_once import say_once
 
 FLOOR_WARNING_SKIPS = 2
 """Default of ``floor_warning_skips``: skips in a row at the floor before the warning prints."""
@@ -152,3 +155,25 @@ def settled_by_target(wrapper: Any) -> bool:
     """Whether ``wrapper``'s loss scaling is still what its target chose (see above)."""
     chosen = getattr(wrapper, SETTLED_BY_TARGET, None)
     return chosen is not None and chosen == wrapper.enabled
+
+
+def scale_for_a_float16_model(model: Any) -> None:
+    """Turns on the loss scaling of a wrapper ``enable_mixed_precision_graph_rewrite`` left
+    off (a bfloat16 or float32 target) when the model's own dtype policy computes in float16
+    (``Model(dtype="mixed_float16")``): Keras's and tf_keras's ``compile`` add their scaling
+    for such a model, and do not once given a wrapper, so its float16 gradients went
+    unscaled. Called where a model is hooked for the rewrite."""
+    optimizer = getattr(model, "optimizer", None)
+    policy = getattr(model, "dtype_policy", None)
+    if (
+        getattr(optimizer, SETTLED_BY_TARGET, None) is not None
+        and not optimizer.enabled
+        and getattr(policy, "compute_dtype", None) == "float16"
+    ):
+        optimizer.enabled = True
+        say_once(
+            ("float16 model policy", id(model)),
+            logging.INFO,
+            "loss scaling on (dynamic) for model %r: its dtype policy computes in float16",
+            model.name,
+        )

@@ -23,13 +23,11 @@ optimizer a script passes to ``compile`` is wrapped by the function the activati
 
 from __future__ import annotations
 
-import logging
 import types
 from typing import Any
 
-from tf_amp._say_once import say_once
 from tf_amp._upstream import keras as upstream_keras
-from tf_amp.optimizers._common import SETTLED_BY_TARGET
+from tf_amp.optimizers._common import scale_for_a_float16_model
 from tf_amp.runtime import _patches, _state, keras_steps, settings
 from tf_amp.runtime.function import Function
 
@@ -57,28 +55,8 @@ def install(model: Any, *, inference: bool = True, config: Any = None) -> None:
             model.__dict__.pop(name, None)
     _reset_functions(model)
     model.__dict__[_MARK] = {"inference": inference}
-    _scale_for_a_float16_model(model)
+    scale_for_a_float16_model(model)
 
-
-def _scale_for_a_float16_model(model: Any) -> None:
-    """Turns on the loss scaling of a wrapper ``enable_mixed_precision_graph_rewrite`` left
-    off (a bfloat16 or float32 target) when the model's own dtype policy computes in float16
-    (``Model(dtype="mixed_float16")``): Keras's ``compile`` adds its scaling for such a model,
-    and does not once given a wrapper, so its float16 gradients went unscaled."""
-    optimizer = getattr(model, "optimizer", None)
-    policy = getattr(model, "dtype_policy", None)
-    if (
-        getattr(optimizer, SETTLED_BY_TARGET, None) is not None
-        and not optimizer.enabled
-        and getattr(policy, "compute_dtype", None) == "float16"
-    ):
-        optimizer.enabled = True
-        say_once(
-            ("float16 model policy", id(model)),
-            logging.INFO,
-            "loss scaling on (dynamic) for model %r: its dtype policy computes in float16",
-            model.name,
-        )
 
 
 def uninstall(model: Any) -> None:

@@ -30,6 +30,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from tf_amp.optimizers._common import scale_for_a_float16_model
 from tf_amp.runtime import _patches, _state, settings
 from tf_amp.runtime.function import Function
 
@@ -83,6 +84,7 @@ def builder_patch(original: Callable[..., Any], name: str) -> Callable[..., Any]
         cached = getattr(self, attr, None)
         if cached is not None and not force:
             return cached
+        scale_for_a_float16_model(self)
         function = _rewritten(self, original(self, True), kind)
         setattr(self, attr, function)
         return function
