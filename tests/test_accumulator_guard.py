@@ -316,18 +316,66 @@ def _clipped_sum_over_a_dataset(w: tf.Variable):
     return clipped_sum
 
 
-@pytest.mark.parametrize("loop", [_ema_over_a_dataset, _clipped_sum_over_a_dataset])
+def _ema_under_a_condition(w: tf.Variable):
+    def ema_cond(ds, decay):
+        ema, i = tf.zeros([4, 16]), tf.constant(0)
+        for x in ds:
+            if i % 3 > 0:  # a tf.cond: the update is in its branch function
+                ema = decay * ema + (1.0 - decay) * (tf.matmul(x, w) + 3.0)
+            i += 1
+        return ema
+
+    return ema_cond
+
+
+def _ema_in_an_inner_loop(w: tf.Variable):
+    def ema_inner(ds, decay):
+        ema = tf.zeros([4, 16])
+        for x in ds:
+            for _ in tf.range(2):  # a While in the dataset loop's body
+                ema = decay * ema + (1.0 - decay) * (tf.matmul(x, w) + 3.0)
+        return ema
+
+    return ema_inner
+
+
+@pytest.mark.parametrize("loop", [_ema_over_a_dataset, _clipped_sum_over_a_dataset,
+                                  _ema_under_a_condition, _ema_in_an_inner_loop])
 def test_a_dataset_loops_state_stays_float32_whatever_updates_it(loop):
     """TensorFlow's pass leaves a dataset loop's function float32; tf_amp rewrites it for the
     model it runs, and painted its state half when the update was no plain sum: an EMA with a
-    tensor decay of 2,000 values came out 60% low in bfloat16, a clipped sum 87% low."""
+    tensor decay of 2,000 values came out 60% low in bfloat16, a clipped sum 87% low; under
+    an ``if`` or in an inner ``tf.range`` loop, 50% and 54% low."""
     rng = np.random.default_rng(0)
     w = tf.Variable(rng.standard_normal((16, 16)).astype(np.float32) * 0.1)
     xs = rng.standard_normal((2000, 4, 16)).astype(np.float32)
     ds = tf.data.Dataset.from_tensor_slices(xs)
-    argument = tf.constant(0.999 if loop is _ema_over_a_dataset else 1e6)
+    argument = tf.constant(1e6 if loop is _clipped_sum_over_a_dataset else 0.999)
     want = tf.function(loop(w))(ds, argument)
     amp = tf_amp.function(loop(w), config=RewriteConfig(target_dtype="bfloat16"))
     np.testing.assert_allclose(amp(ds, argument), want, rtol=2e-2)
     (report,) = amp.reports
     assert any(d.op == "MatMul" and d.dtype == "bfloat16" for d in report.decisions)
+
+
+def test_a_sum_in_a_lowered_inner_loop_keeps_the_outer_loop_float32():
+    """Lowered (a nested tf.function call makes tf_amp inline the loops), the outer loop's
+    variable ran through the inner loop's Enter and Exit, which the guard did not follow: it
+    was painted half and rounded the sum once per outer iteration (54.0 in bfloat16 where
+    float32 gives 344.4)."""
+    a, b = _small_products()
+
+    @tf.function
+    def head(t):
+        return tf.matmul(t, tf.eye(4))
+
+    def nested_sum(a, b):
+        def outer(i, total):
+            inner = lambda j, t: (j + 1, t + tf.matmul(a, b))  # noqa: E731
+            return i + 1, tf.while_loop(lambda j, t: j < 3, inner, (0, total))[1]
+
+        return head(tf.while_loop(lambda i, t: i < 2500, outer, (0, tf.zeros((4, 4))))[1])
+
+    want = tf.function(nested_sum)(a, b)
+    amp = tf_amp.function(nested_sum, config=RewriteConfig(target_dtype="bfloat16"))
+    np.testing.assert_allclose(amp(a, b), want, rtol=1.5e-2)

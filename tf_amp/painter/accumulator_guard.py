@@ -64,6 +64,8 @@ _CARRIERS: dict[str, tuple[int, ...] | str | None] = {
     "Switch": (0,),
     "_SwitchN": (0,),  # a lowered Case's
     "Merge": "all",
+    "Enter": (0,),  # into and out of a lowered inner loop
+    "Exit": (0,),
     "Reshape": (0,),
     "EnsureShape": (0,),
     "Select": (1, 2),
@@ -79,6 +81,9 @@ _CONDITIONS = {
     "Case": ("branches",),
     "StatelessCase": ("branches",),
 }
+# Loops inside a dataset loop's body, whose state is followed into them (as into a
+# condition's branches, with no predicate input: input i is the body's argument i).
+_INNER_LOOPS = {"While": ("body",), "StatelessWhile": ("body",)}
 
 
 @dataclass
@@ -106,7 +111,7 @@ class _GuardPlanner:
         self.views = views
         self.dataset_loops = dataset_loops
         self.producers: dict[str, dict[int, dict[int, tuple[int, int]]]] = {}
-        self.branch_paths: dict[tuple[str, int], BranchPaths] = {}
+        self.branch_paths: dict[tuple[str, int, bool], BranchPaths] = {}
 
     def producers_of(self, name: str) -> dict[int, dict[int, tuple[int, int]]]:
         if name not in self.producers:
@@ -158,6 +163,15 @@ class _GuardPlanner:
                     for source, path in self._paths_back(name, fed, merges):
                         path.nodes.setdefault("", set()).update((node, merge))
                         edges.append((merge, source, path))
+            # A lowered inner loop's variable starts from the outer one's value (its Merge's
+            # Enter input): the outer sum runs through the inner loop, a cycle of the two.
+            for merge in merges:
+                for entry in producers.get(merge, {}).values():
+                    if view.ops[entry[0]] == "NextIteration":
+                        continue
+                    for source, path in self._paths_back(name, entry, merges):
+                        path.nodes.setdefault("", set()).add(merge)
+                        edges.append((merge, source, path))
         # A dataset loop's state stays float32 whatever updates it, as TensorFlow's pass
         # leaves the whole function (see the module docstring).
         return _summing_cycles(edges, need_sum=state_count is None)
@@ -171,10 +185,11 @@ class _GuardPlanner:
         paths = walk.paths()
         return [(v, paths.get(v, _Path())) for v in sorted(reached)]
 
-    def through_branch(self, function: str, ret: int) -> BranchPaths:
+    def through_branch(self, function: str, ret: int, every_op: bool = False) -> BranchPaths:
         """For return ``ret`` of branch function ``function``: the arguments it carries on
-        (``return x`` in the branch that does not add) or adds to, with the path to each."""
-        key = (function, ret)
+        (``return x`` in the branch that does not add) or adds to, with the path to each
+        (through every op, for a dataset loop's state)."""
+        key = (function, ret, every_op)
         if key in self.branch_paths:
             return self.branch_paths[key]
         self.branch_paths[key] = {}  # a branch that calls itself carries nothing
@@ -185,7 +200,7 @@ class _GuardPlanner:
         if fed is None:
             return {}
         args = _args(view)
-        walk = _Walk(self, function, frozenset(args))
+        walk = _Walk(self, function, frozenset(args), every_op)
         walk.reached(fed)
         found = walk.paths()
         paths = {}
@@ -228,7 +243,8 @@ class _Walk:
             return frozenset()
         self.visiting.add(tensor)
         found: set[int] = set()
-        if self.view.ops[node] in _CONDITIONS:
+        op = self.view.ops[node]
+        if op in _CONDITIONS or (self.every_op and op in _INNER_LOOPS):
             found.update(self._through_condition(*tensor))
         else:
             for source in self._inputs_followed(*tensor):
@@ -280,11 +296,13 @@ class _Walk:
         fed = self.producers.get(node, {})
         per_argument: dict[int, list[_Path]] = {}
         for branch in _branch_names(self.view, node):
-            for position, path in self.planner.through_branch(branch, port).items():
+            paths_in = self.planner.through_branch(branch, port, self.every_op)
+            for position, path in paths_in.items():
                 per_argument.setdefault(position, []).append(path)
+        first_argument = 0 if self.view.ops[node] in _INNER_LOOPS else 1  # after the predicate
         found: set[int] = set()
         for position, paths in per_argument.items():
-            source = fed.get(position + 1)
+            source = fed.get(position + first_argument)
             if source is None:
                 continue
             reached = self.reached(source)
@@ -339,7 +357,7 @@ def _returned_values(
 def _branch_names(view: BodyView, node: int) -> list[str]:
     attrs = view.protos[node].attr
     names = []
-    for attr in _CONDITIONS[view.ops[node]]:
+    for attr in {**_CONDITIONS, **_INNER_LOOPS}[view.ops[node]]:
         value = attrs.get(attr)
         if value is None:
             continue
