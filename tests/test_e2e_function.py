@@ -676,33 +676,3 @@ def test_a_returned_tensor_array_keeps_the_element_dtype_it_promised(monkeypatch
     want = stack(tf.function(write_two)(x))
     got = stack(tf_amp.function(write_two)(x))
     np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-2, atol=1e-2)
-
-
-def test_a_dropped_function_takes_its_rewritten_library_functions_with_it():
-    """The rebuild registers its renamed library functions (a cond's branches) with the eager
-    runtime, and nothing took them back: 200 functions made and dropped left 400 registered,
-    where a plain tf.function leaves none. One still alive keeps working."""
-    import gc
-
-    from tensorflow.python.eager import context
-
-    w = tf.Variable(tf.ones((8, 8)))
-    config = RewriteConfig(target_dtype="float16")
-
-    def made_and_called():
-        @tf_amp.function(config=config)
-        def f(x):
-            y = tf.matmul(x, w)
-            return tf.cond(tf.reduce_sum(y) > 0, lambda: y * 2.0, lambda: y)
-
-        f(tf.ones((4, 8)))
-        return f
-
-    kept = made_and_called()
-    gc.collect()
-    before = len(context.context().list_function_names())
-    for _ in range(10):
-        made_and_called()
-    gc.collect()
-    assert len(context.context().list_function_names()) == before
-    np.testing.assert_allclose(kept(tf.ones((4, 8))), np.full((4, 8), 16.0))

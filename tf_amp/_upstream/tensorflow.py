@@ -246,18 +246,6 @@ def add_function_def(function_def: Any) -> None:
     context.context().add_function_def(function_def)
 
 
-def remove_function_defs(names: list[str]) -> None:
-    """Takes back one registration of each named function (the runtime counts them: one
-    registered again elsewhere stays). Quiet where the runtime is already gone (exit)."""
-    try:
-        ctx = context.context()
-        for name in names:
-            if ctx.has_function(name):
-                ctx.remove_function(name)
-    except Exception:  # noqa: BLE001  (a finalizer at interpreter exit: nothing to report)
-        return
-
-
 class _FramesHidden(tf_stack.StackTraceFilter):
     """Stacks recorded inside leave out the frames of ``files`` (and of outer filters')."""
 
@@ -329,7 +317,6 @@ __all__ = [
     "_pywrap_events_writer",
     "_pywrap_util_port",
     "add_function_def",
-    "remove_function_defs",
     "all_saveable_objects",
     "canonicalize_function_inputs",
     "control_flow_util",

@@ -13,7 +13,6 @@ going through ``prune`` costs about 1 s.
 from __future__ import annotations
 
 import logging
-import weakref
 from typing import Any
 
 import tensorflow as tf
@@ -150,11 +149,6 @@ def rebuild_concrete_function(
     # after tracing; copy it so flat calls behave the same.
     rebuilt._arg_keywords = original._arg_keywords  # noqa: SLF001
     rebuilt._num_positional_args = original._num_positional_args  # noqa: SLF001
-    # What was registered above goes with the rebuilt function: the eager context counts
-    # registrations per name, and nothing else would take these back (a dropped
-    # tf_amp.function left its library functions registered: +2 per function with a cond).
-    weakref.finalize(rebuilt, upstream_tf.remove_function_defs,
-                     [fdef.signature.name for fdef in graph_def.library.function])
     return rebuilt
 
 
