@@ -379,3 +379,29 @@ def test_a_sum_in_a_lowered_inner_loop_keeps_the_outer_loop_float32():
     want = tf.function(nested_sum)(a, b)
     amp = tf_amp.function(nested_sum, config=RewriteConfig(target_dtype="bfloat16"))
     np.testing.assert_allclose(amp(a, b), want, rtol=1.5e-2)
+
+
+def test_a_dataset_loop_with_a_deep_body_and_a_recurrent_state():
+    """The dataset loop's state is followed through every elementwise op: a walk on Python's
+    stack ran past the recursion limit on a body 1,200 ops deep (RecursionError), and the
+    state's path took in a recurrent MatMul, which then ran float32."""
+    rng = np.random.default_rng(0)
+    w = tf.constant(rng.standard_normal((16, 16)).astype(np.float32) * 0.1)
+    ds = tf.data.Dataset.from_tensor_slices(rng.standard_normal((20, 4, 16)).astype(np.float32))
+
+    def deep_then_recurrent(ds):
+        total, h = tf.zeros([4, 16]), tf.zeros([4, 16])
+        for x in ds:
+            y = tf.matmul(x, w)
+            for _ in range(1200):
+                y = tf.sin(y)  # never reads the state: only deep
+            h = tf.tanh(tf.matmul(h, w) + x)
+            total += y + h
+        return total
+
+    amp = tf_amp.function(deep_then_recurrent, config=RewriteConfig(target_dtype="bfloat16"))
+    np.testing.assert_allclose(amp(ds), tf.function(deep_then_recurrent)(ds), rtol=5e-2,
+                               atol=5e-2)
+    (report,) = amp.reports
+    matmuls = [d for d in report.decisions if d.op == "MatMul"]
+    assert matmuls and all(d.dtype == "bfloat16" for d in matmuls), matmuls

@@ -198,6 +198,7 @@ def _rewrite(
         running_sums = accumulator_guard_plan(
             {name: view for (name, _, _), view in zip(bodies, views, strict=True)},
             dataset_loops,
+            frozenset(lists.allow),
         )
         for (name, _, _), view in zip(bodies, views, strict=True):
             view.running_sums = running_sums.get(name, frozenset())
