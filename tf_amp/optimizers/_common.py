@@ -159,10 +159,11 @@ def settled_by_target(wrapper: Any) -> bool:
 
 def scale_for_a_float16_model(model: Any) -> None:
     """Turns on the loss scaling of a wrapper ``enable_mixed_precision_graph_rewrite`` left
-    off (a bfloat16 or float32 target) when the model's own dtype policy computes in float16
+    off (a bfloat16 target) when the model's own dtype policy computes in float16
     (``Model(dtype="mixed_float16")``): Keras's and tf_keras's ``compile`` add their scaling
     for such a model, and do not once given a wrapper, so its float16 gradients went
-    unscaled. Called where a model is hooked for the rewrite."""
+    unscaled. Called where a model is hooked for the rewrite, which a float32 target does not
+    do (its wrapper stays as chosen: pass ``loss_scale="dynamic"`` there)."""
     optimizer = getattr(model, "optimizer", None)
     policy = getattr(model, "dtype_policy", None)
     if (
