@@ -22,14 +22,11 @@ Typical use::
 
 from __future__ import annotations
 
-import logging
-import sys
 from typing import Any
 
-from tf_amp._say_once import say_once
 from tf_amp.config import process_target
 from tf_amp.optimizers import LossScaleOptimizer
-from tf_amp.optimizers._common import SETTLED_BY_TARGET
+from tf_amp.optimizers._settled import SETTLED_BY_TARGET, settings_for_this_machine
 from tf_amp.runtime import _state, rewrite_switch
 from tf_amp.runtime.rewrite_switch import mark_for_rewrite
 
@@ -83,45 +80,6 @@ def enable_mixed_precision_graph_rewrite(
         # no rebuilt step either; fit runs Keras's own step, at float32's speed.
         return wrapped
     return mark_for_rewrite(wrapped)
-
-
-def settings_for_this_machine() -> tuple[bool, bool]:
-    """(loss scaling on, rewrite on), as ``enable_mixed_precision_graph_rewrite`` with
-    ``loss_scale="auto"`` chooses them on this machine."""
-    target = process_target()
-    return target.needs_loss_scaling or _a_keras_policy_computes_in_float16(), target.rewrites
-
-
-def settle_loaded_config(config: dict[str, Any], graph_rewrite: bool) -> tuple[bool, bool]:
-    """For a wrapper's ``from_config``: pops ``settled_by_target``; when set, puts in
-    ``config`` the loss scaling chosen on this machine and returns (True, the rewrite chosen
-    here), else (False, ``graph_rewrite`` as saved)."""
-    if not config.pop("settled_by_target", False):
-        return False, graph_rewrite
-    config["enabled"], rewrite = settings_for_this_machine()
-    return True, rewrite
-
-
-def _a_keras_policy_computes_in_float16() -> bool:
-    """Whether a loaded Keras (3 or tf_keras) has a global policy computing in float16.
-
-    Why: the wrapper is a loss-scale optimizer, so ``compile`` under ``mixed_float16`` adds
-    none of its own; left pass-through because the rewrite's target needs none (bfloat16, or
-    float32 on a CPU), the model's float16 gradients underflowed and its layers stopped
-    training, silently.
-    """
-    for name in ("keras", "tf_keras"):
-        module = sys.modules.get(name)
-        policy = getattr(getattr(module, "mixed_precision", None), "global_policy", None)
-        if policy is not None and getattr(policy(), "compute_dtype", None) == "float16":
-            say_once(
-                ("enable under a float16 policy", name),
-                logging.INFO,
-                "loss scaling on (dynamic): %s's global policy computes in float16",
-                name,
-            )
-            return True
-    return False
 
 
 def disable_mixed_precision_graph_rewrite() -> None:

@@ -11,13 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import logging
 import sys
 import weakref
 from collections.abc import Iterator
 from typing import Any
-
-from tf_amp._say_once import say_once
 
 FLOOR_WARNING_SKIPS = 2
 """Default of ``floor_warning_skips``: skips in a row at the floor before the warning prints."""
@@ -140,41 +137,3 @@ def holding_inner_optimizer(model: Any) -> Iterator[None]:
         object.__setattr__(model, "optimizer", optimizer)
         if swap_config:
             object.__setattr__(model, "_compile_config", compile_config)
-
-
-SETTLED_BY_TARGET = "_tf_amp_settled_by_target"
-"""Attribute of a wrapper whose loss scaling ``enable_mixed_precision_graph_rewrite`` chose
-from the machine's target: the ``enabled`` it chose. Its config says ``settled_by_target``
-while ``enabled`` is still that choice, and ``from_config`` then chooses again for the machine
-that loads it: a file saved where the target was bfloat16 (no scaling) and loaded where it is
-float16 trained float16 unscaled, and one saved where it was float32 (no rewrite) stayed
-float32 for good. A value set by hand since is saved as it is."""
-
-
-def settled_by_target(wrapper: Any) -> bool:
-    """Whether ``wrapper``'s loss scaling is still what its target chose (see above)."""
-    chosen = getattr(wrapper, SETTLED_BY_TARGET, None)
-    return chosen is not None and chosen == wrapper.enabled
-
-
-def scale_for_a_float16_model(model: Any) -> None:
-    """Turns on the loss scaling of a wrapper ``enable_mixed_precision_graph_rewrite`` left
-    off (a bfloat16 target) when the model's own dtype policy computes in float16
-    (``Model(dtype="mixed_float16")``): Keras's and tf_keras's ``compile`` add their scaling
-    for such a model, and do not once given a wrapper, so its float16 gradients went
-    unscaled. Called where a model is hooked for the rewrite, which a float32 target does not
-    do (its wrapper stays as chosen: pass ``loss_scale="dynamic"`` there)."""
-    optimizer = getattr(model, "optimizer", None)
-    policy = getattr(model, "dtype_policy", None)
-    if (
-        getattr(optimizer, SETTLED_BY_TARGET, None) is not None
-        and not optimizer.enabled
-        and getattr(policy, "compute_dtype", None) == "float16"
-    ):
-        optimizer.enabled = True
-        say_once(
-            ("float16 model policy", id(model)),
-            logging.INFO,
-            "loss scaling on (dynamic) for model %r: its dtype policy computes in float16",
-            model.name,
-        )

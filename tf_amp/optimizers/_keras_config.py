@@ -21,8 +21,8 @@ import keras
 
 from tf_amp import loss_scale as loss_scale_lib
 from tf_amp.loss_scale import LossScale, StaticLossScale
-from tf_amp.optimizers._common import settled_by_target
 from tf_amp.optimizers._legacy_scale_args import LEGACY_SCALE_ARGS, keras_dynamic_scale
+from tf_amp.optimizers._settled import settled_by_target
 
 # Keys of a tf.keras 2.x optimizer config that Keras 3 optimizers refuse and that change
 # nothing about the update: dropped. (``decay`` is handled apart: non-zero changes training.)

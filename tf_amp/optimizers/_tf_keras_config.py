@@ -16,8 +16,12 @@ from typing import Any
 from tf_amp import loss_scale as loss_scale_lib
 from tf_amp._upstream import tf_keras as upstream
 from tf_amp.loss_scale import LossScale
-from tf_amp.optimizers._common import SETTLED_BY_TARGET, settled_by_target
 from tf_amp.optimizers._legacy_scale_args import LEGACY_SCALE_ARGS
+from tf_amp.optimizers._settled import (
+    SETTLED_BY_TARGET,
+    settle_loaded_config,
+    settled_by_target,
+)
 from tf_amp.runtime import _state
 
 
@@ -61,7 +65,7 @@ class TfKerasConfig:
                 config.pop(key, None)
             config["loss_scale"] = loss_scale_lib.deserialize(config["loss_scale"])
         graph_rewrite = config.pop("graph_rewrite", False)
-        settled, graph_rewrite = _settle_loaded_config(config, graph_rewrite)
+        settled, graph_rewrite = settle_loaded_config(config, graph_rewrite)
         optimizer = cls(inner, **config)
         if settled:
             setattr(optimizer, SETTLED_BY_TARGET, optimizer.enabled)
@@ -72,9 +76,3 @@ class TfKerasConfig:
 
             mark_for_rewrite(optimizer)
         return optimizer
-
-
-def _settle_loaded_config(config: dict[str, Any], graph_rewrite: bool) -> tuple[bool, bool]:
-    from tf_amp.enable import settle_loaded_config  # on use: enable imports the wrappers
-
-    return settle_loaded_config(config, graph_rewrite)

@@ -42,6 +42,7 @@ from tf_amp.optimizers import (
     _keras_arguments,
     _keras_config,
     _scaled_losses,
+    _settled,
     _summaries,
 )
 from tf_amp.optimizers._checkpoint_layout import InnerCheckpointLayout
@@ -277,10 +278,10 @@ class KerasLossScaleOptimizer(
         inner = _keras_config.inner_from_config(config, custom_objects)
         policy = _keras_config.policy_from_config(config)
         graph_rewrite = config.pop("graph_rewrite", False)  # absent in files saved before it
-        settled, graph_rewrite = _settle_loaded_config(config, graph_rewrite)
+        settled, graph_rewrite = _settled.settle_loaded_config(config, graph_rewrite)
         optimizer = cls(inner, loss_scale=policy, **config)
         if settled:
-            setattr(optimizer, _common.SETTLED_BY_TARGET, optimizer.enabled)
+            setattr(optimizer, _settled.SETTLED_BY_TARGET, optimizer.enabled)
         if graph_rewrite:
             # On use: the switch loads the Keras adapter and the rewriter, which a wrapper
             # that never asked for the rewrite does not need.
@@ -295,9 +296,3 @@ for _name in FORWARDED_ATTRIBUTES:
 
 
 __all__ = ["FORWARDED_ATTRIBUTES", "KerasLossScaleOptimizer", "LossScaleCallback"]
-
-
-def _settle_loaded_config(config: dict[str, Any], graph_rewrite: bool) -> tuple[bool, bool]:
-    from tf_amp.enable import settle_loaded_config  # on use: enable imports the wrappers
-
-    return settle_loaded_config(config, graph_rewrite)

@@ -27,7 +27,7 @@ import types
 from typing import Any
 
 from tf_amp._upstream import keras as upstream_keras
-from tf_amp.optimizers._common import scale_for_a_float16_model
+from tf_amp.optimizers._settled import scale_for_a_float16_model
 from tf_amp.runtime import _patches, _state, keras_steps, settings
 from tf_amp.runtime.function import Function
 

@@ -30,7 +30,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tf_amp.optimizers._common import scale_for_a_float16_model
+from tf_amp.optimizers._settled import scale_for_a_float16_model
 from tf_amp.runtime import _patches, _state, settings
 from tf_amp.runtime.function import Function
 
