@@ -506,3 +506,63 @@ def test_predict_compiled_with_xla_under_mirrored_strategy_runs_each_replica_rew
     facts = facts_from(run_script(PREDICT_JIT_MIRRORED.format(setup=MIRRORED_SETUP), {}), TIMEOUT)
     assert facts["error"] < 5e-3, facts
     assert facts["compiled_functions"] == 2 and facts["half_in_compiled"], facts
+
+
+NESTED_IN_REPLICAS = textwrap.dedent(
+    """
+    import json, os, tempfile
+    import numpy as np
+    import tensorflow as tf
+    {setup}
+    import tf_amp
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    with strategy.scope():
+        w = tf.Variable(tf.ones([4, 4]) * 0.1)
+
+    @tf.function
+    def step(x):  # called in each replica's thread, inside the outer trace
+        return tf.matmul(x, w)
+
+    module = tf.Module()
+    module.w = w
+    module.outer = tf.function(
+        lambda x: strategy.run(lambda a: step(a), args=(x,)),
+        input_signature=[tf.TensorSpec([2, 4])],
+    )
+    result = module.outer(tf.ones([2, 4]))
+
+    def half_nodes(graph_def):
+        nodes = list(graph_def.node) + [n for f in graph_def.library.function for n in f.node_def]
+        return sum(any(a.type == tf.float16.as_datatype_enum for a in n.attr.values())
+                   for n in nodes)
+
+    directory = tempfile.mkdtemp()
+    tf.saved_model.save(module, directory)
+    saved = saved_model_pb2.SavedModel()
+    with open(os.path.join(directory, "saved_model.pb"), "rb") as f:
+        saved.ParseFromString(f.read())
+    values = strategy.experimental_local_results(result)
+    rewritten = module.outer.rewritten_concrete_functions()
+    print(json.dumps({{
+        "run_half": sum(half_nodes(f.graph.as_graph_def()) for f in rewritten),
+        "trace_half": half_nodes(module.outer.get_concrete_function().graph.as_graph_def()),
+        "saved_half": half_nodes(saved.meta_graphs[0].graph_def),
+        "values": [float(np.sum(v)) for v in values],
+    }}))
+    """
+)
+
+
+def test_a_function_called_in_the_replicas_of_a_traced_function_is_part_of_its_trace():
+    """MirroredStrategy runs each replica of the outer function's trace in a thread of its
+    own, where tf_amp's tracing flag was down: the nested function was rewritten on its own
+    inside the float32 trace, so a SavedModel exported under the environment held 8 float16
+    nodes (and an outer tf_amp.function's config did not reach the nested call)."""
+    environment = {"TF_ENABLE_AUTO_MIXED_PRECISION": "1", "TF_AMP_TARGET_DTYPE": "float16"}
+    facts = facts_from(
+        run_script(NESTED_IN_REPLICAS.format(setup=MIRRORED_SETUP), environment), TIMEOUT
+    )
+    assert facts["trace_half"] == 0 and facts["saved_half"] == 0, facts
+    assert facts["run_half"] > 0, facts  # the outer rewrite covers the replicas' calls
+    assert facts["values"] == [pytest.approx(3.2, rel=1e-3)] * 2, facts

@@ -51,6 +51,9 @@ Running rewritten graphs (``tf_amp.runtime``)
     public ``tf.compat.v1.Session`` is the name the activation replaces with tf_amp's.
   * ``session_manager`` -- the module whose reference to ``session`` the activation swaps, so
     ``MonitoredSession`` and ``Supervisor`` create tf_amp sessions.
+  * ``mirrored_run._MirroredReplicaThread`` (see :func:`in_a_replica_thread`) -- the thread
+    MirroredStrategy runs each replica of a traced function in: a tf_amp function it calls is
+    part of the trace under way in another thread.
   * ``Optional._element_spec`` (see :func:`set_optional_element_spec`) -- the multi-step
     ``fit`` loop carries its outputs as an Optional made empty before the step is traced, as
     Keras's own loop does.
@@ -108,6 +111,7 @@ The rewrite core (``tf_amp.type_attrs``, ``painter``, ``probe``, ...)
 from __future__ import annotations
 
 import sys
+import threading
 from typing import Any
 
 import tensorflow as tf
@@ -241,6 +245,15 @@ def function_attributes(concrete: Any) -> dict[str, Any]:
     return dict(getattr(concrete, "_attrs", None) or {})
 
 
+def in_a_replica_thread() -> bool:
+    """Whether this thread is one MirroredStrategy runs a replica of a function in
+    (``mirrored_run._MirroredReplicaThread``, private: its threads are not marked otherwise)."""
+    from tensorflow.python.distribute import mirrored_run
+
+    replica_thread = getattr(mirrored_run, "_MirroredReplicaThread", None)
+    return replica_thread is not None and isinstance(threading.current_thread(), replica_thread)
+
+
 def add_function_def(function_def: Any) -> None:
     """Registers a FunctionDef with the eager runtime, which resolves calls by name."""
     context.context().add_function_def(function_def)
@@ -317,6 +330,7 @@ __all__ = [
     "_pywrap_events_writer",
     "_pywrap_util_port",
     "add_function_def",
+    "in_a_replica_thread",
     "all_saveable_objects",
     "canonicalize_function_inputs",
     "control_flow_util",

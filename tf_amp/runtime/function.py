@@ -54,6 +54,34 @@ class _ThreadFlags(threading.local):
 
 
 _flags = _ThreadFlags()
+# Traces of tf_amp functions under way in every thread: MirroredStrategy runs each replica of
+# a function being traced in a thread of its own, whose flags say nothing of the trace.
+_traces_under_way = [0]
+_TRACES_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _tracing() -> Iterator[None]:
+    """Marks this thread (and, for its replica threads, the process) as tracing."""
+    _flags.tracing += 1
+    with _TRACES_LOCK:
+        _traces_under_way[0] += 1
+    try:
+        yield
+    finally:
+        with _TRACES_LOCK:
+            _traces_under_way[0] -= 1
+        _flags.tracing -= 1
+
+
+def _inside_a_tf_amp_trace() -> bool:
+    """Whether a call is part of a tf_amp trace under way: in its thread, or in a replica
+    thread a strategy runs for it (there, a nested function was rewritten on its own inside
+    the float32 trace: its half ops went into exported SavedModels, and the outer config was
+    not applied to it)."""
+    if _flags.tracing:
+        return True
+    return _traces_under_way[0] > 0 and upstream_tf.in_a_replica_thread()
 
 
 def _float32_trace(traced: Any, *args: Any, **kwargs: Any) -> Any:
@@ -62,12 +90,8 @@ def _float32_trace(traced: Any, *args: Any, **kwargs: Any) -> Any:
     one). While it traces, a tf_amp function the body calls is traced float32 into this graph
     (:meth:`AmpTfFunction.__call__`): the trace stays float32 throughout, for export, and its
     one rewrite paints across the call."""
-    _flags.tracing += 1
-    try:
-        with upstream_tf.hiding_frames_of(_package_files()):
-            return upstream_tf.TfFunction.get_concrete_function(traced, *args, **kwargs)
-    finally:
-        _flags.tracing -= 1
+    with _tracing(), upstream_tf.hiding_frames_of(_package_files()):
+        return upstream_tf.TfFunction.get_concrete_function(traced, *args, **kwargs)
 
 
 @functools.cache
@@ -368,7 +392,7 @@ class AmpTfFunction(upstream_tf.TfFunction):
         """Runs the rewritten function; plain ``tf.function`` behaviour inside another tf_amp
         function's trace (whose rewrite covers this call) and under
         ``tf.config.run_functions_eagerly(True)`` (nothing is traced to rewrite)."""
-        if _flags.tracing or tf.config.functions_run_eagerly():
+        if _inside_a_tf_amp_trace() or tf.config.functions_run_eagerly():
             return super().__call__(*args, **kwargs)
         return self._amp()(*args, **kwargs)
 
@@ -393,11 +417,8 @@ class AmpTfFunction(upstream_tf.TfFunction):
     def _list_all_concrete_functions_for_serialization(self) -> list[Any]:
         # What tf.saved_model.save asks a tf.function for (a private name: tf_amp._upstream's
         # list says why): its traces, float32 throughout, nested tf_amp calls included.
-        _flags.tracing += 1
-        try:
+        with _tracing():
             return super()._list_all_concrete_functions_for_serialization()
-        finally:
-            _flags.tracing -= 1
 
     def rewritten_concrete_functions(self) -> list[Any]:
         """The rewritten concrete functions built so far.
