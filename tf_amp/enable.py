@@ -26,7 +26,7 @@ from typing import Any
 
 from tf_amp.config import process_target
 from tf_amp.optimizers import LossScaleOptimizer
-from tf_amp.optimizers._settled import SETTLED_BY_TARGET, settings_for_this_machine
+from tf_amp.optimizers._settled import remember_choice, settings_for_this_machine
 from tf_amp.runtime import _state, rewrite_switch
 from tf_amp.runtime.rewrite_switch import mark_for_rewrite
 
@@ -74,7 +74,7 @@ def enable_mixed_precision_graph_rewrite(
             settled_here = True
     wrapped = LossScaleOptimizer(opt, loss_scale=loss_scale, **kwargs)
     if settled_here:  # saved with it, so that a file loaded elsewhere is settled there
-        setattr(wrapped, SETTLED_BY_TARGET, wrapped.enabled)
+        remember_choice(wrapped)
     if not target.rewrites:
         # float32 target (no fast reduced precision here): nothing to rewrite, so no hook and
         # no rebuilt step either; fit runs Keras's own step, at float32's speed.

@@ -42,7 +42,7 @@ def wrapper_config(wrapper: Any, graph_rewrite: bool) -> dict[str, Any]:
         # Saved so that load_model gives back an optimizer that still wants the rewrite
         # (enable_mixed_precision_graph_rewrite refuses to wrap a wrapper again).
         "graph_rewrite": graph_rewrite,
-        # Both chosen from the saving machine's target (_common.SETTLED_BY_TARGET): chosen
+        # Both chosen from the saving machine's target (_settled.SETTLED_BY_TARGET): chosen
         # again for the loading machine's.
         "settled_by_target": settled_by_target(wrapper),
         # Read-only copies in Keras 3 / tf.keras 2.x names; from_config ignores them when

@@ -23,6 +23,11 @@ float16 trained float16 unscaled, and one saved where it was float32 (no rewrite
 float32 for good. A value set by hand since is saved as it is."""
 
 
+def remember_choice(wrapper: Any) -> None:
+    """Marks ``wrapper``'s ``enabled`` as the one its target chose (see above)."""
+    setattr(wrapper, SETTLED_BY_TARGET, wrapper.enabled)
+
+
 def settled_by_target(wrapper: Any) -> bool:
     """Whether ``wrapper``'s loss scaling is still what its target chose (see above)."""
     chosen = getattr(wrapper, SETTLED_BY_TARGET, None)

@@ -18,7 +18,7 @@ from tf_amp._upstream import tf_keras as upstream
 from tf_amp.loss_scale import LossScale
 from tf_amp.optimizers._legacy_scale_args import LEGACY_SCALE_ARGS
 from tf_amp.optimizers._settled import (
-    SETTLED_BY_TARGET,
+    remember_choice,
     settle_loaded_config,
     settled_by_target,
 )
@@ -68,7 +68,7 @@ class TfKerasConfig:
         settled, graph_rewrite = settle_loaded_config(config, graph_rewrite)
         optimizer = cls(inner, **config)
         if settled:
-            setattr(optimizer, SETTLED_BY_TARGET, optimizer.enabled)
+            remember_choice(optimizer)
         if graph_rewrite:
             # On use: the switch loads the tf_keras adapter and the rewriter, which a wrapper
             # that never asked for the rewrite does not need.

@@ -281,7 +281,7 @@ class KerasLossScaleOptimizer(
         settled, graph_rewrite = _settled.settle_loaded_config(config, graph_rewrite)
         optimizer = cls(inner, loss_scale=policy, **config)
         if settled:
-            setattr(optimizer, _settled.SETTLED_BY_TARGET, optimizer.enabled)
+            _settled.remember_choice(optimizer)
         if graph_rewrite:
             # On use: the switch loads the Keras adapter and the rewriter, which a wrapper
             # that never asked for the rewrite does not need.
