@@ -676,3 +676,42 @@ def test_a_returned_tensor_array_keeps_the_element_dtype_it_promised(monkeypatch
     want = stack(tf.function(write_two)(x))
     got = stack(tf_amp.function(write_two)(x))
     np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-2, atol=1e-2)
+
+
+def test_a_dropped_function_takes_its_rewritten_library_functions_with_it():
+    """The rebuild registered its renamed library functions (a cond's branches) with the eager
+    runtime for the whole process: 200 functions made and dropped left 400 registered, where
+    a plain tf.function leaves none. They now go with the last function that can call them:
+    a graph that calls a rebuilt function keeps them after the tf_amp.function is gone."""
+    import gc
+
+    from tensorflow.python.eager import context
+
+    w = tf.Variable(tf.ones((8, 8)))
+    config = RewriteConfig(target_dtype="float16")
+
+    def made_and_called():
+        @tf_amp.function(config=config)
+        def f(x):
+            y = tf.matmul(x, w)
+            return tf.cond(tf.reduce_sum(y) > 0, lambda: y * 2.0, lambda: y)
+
+        f(tf.ones((4, 8)))
+        return f
+
+    kept = made_and_called()
+    caller_of_dropped = made_and_called()
+    outer = tf.function(lambda x: caller_of_dropped(x) + 1.0)
+    outer(tf.ones((4, 8)))
+    del caller_of_dropped
+    gc.collect()
+    before = len(context.context().list_function_names())
+    for _ in range(10):
+        made_and_called()
+    gc.collect()
+    assert len(context.context().list_function_names()) == before
+    np.testing.assert_allclose(kept(tf.ones((4, 8))), np.full((4, 8), 16.0))
+    np.testing.assert_allclose(outer(tf.ones((4, 8))), np.full((4, 8), 17.0))
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(kept(tf.ones((4, 8))))
+    np.testing.assert_allclose(tape.gradient(loss, w), np.full((8, 8), 8.0))

@@ -76,11 +76,6 @@ def rebuild_concrete_function(
     graph_def = _graphdef.strip_nodes(graph_def, placeholder_names)
     graph_def = _graphdef.rename_library_functions(graph_def)
 
-    # The runtime resolves calls to library functions by name in the eager context; functions
-    # imported into a FuncGraph through a GraphDef are not registered there by themselves.
-    for fdef in graph_def.library.function:
-        upstream_tf.add_function_def(fdef)
-
     new_graph = upstream_tf.FuncGraph(f"tf_amp_{graph.name}")
     replaced: dict[int, tf.Tensor] = {}  # id(old input placeholder) -> new one
     with new_graph.as_default():
@@ -104,6 +99,9 @@ def rebuild_concrete_function(
             )
         input_map = {t.name: replaced[id(t)] for t in graph.inputs}
         imported = _import(graph_def, input_map, output_tensors, control_ops)
+        # The runtime resolves calls to library functions by name in the eager context;
+        # functions imported through a GraphDef are not registered there by themselves.
+        upstream_tf.hold_library_functions(new_graph, list(graph_def.library.function))
     _carry_creation_stacks(graph, new_graph)
     tensor_map = dict(zip((t.name for t in output_tensors), imported[0], strict=False))
     tensor_map.update(input_map)
