@@ -700,10 +700,10 @@ def test_a_dropped_function_takes_its_rewritten_library_functions_with_it():
         return f
 
     kept = made_and_called()
-    caller_of_dropped = made_and_called()
-    outer = tf.function(lambda x: caller_of_dropped(x) + 1.0)
+    dropped_later = [made_and_called()]
+    outer = tf.function(lambda x: dropped_later[0](x) + 1.0)
     outer(tf.ones((4, 8)))
-    del caller_of_dropped
+    dropped_later.clear()
     gc.collect()
     before = len(context.context().list_function_names())
     for _ in range(10):
