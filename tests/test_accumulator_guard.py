@@ -213,6 +213,38 @@ def test_loop_variables_that_feed_each_other_are_a_running_sum(lowered):
         np.testing.assert_allclose(amp(a, b), want, rtol=rtol, err_msg=target)
 
 
+STACKED_SUMS = {
+    "concat of slices": lambda t, x: tf.concat([t[:2] + x[:2], t[2:]], 0),
+    "stack of unstacked rows": lambda t, x: tf.stack(
+        [row + added for row, added in zip(tf.unstack(t), tf.unstack(x), strict=True)]),
+    "transposed twice": lambda t, x: tf.transpose(tf.transpose(t) + tf.transpose(x)),
+}
+
+
+@pytest.mark.parametrize("update", sorted(STACKED_SUMS))
+def test_a_running_sum_kept_in_slices_of_a_lowered_loops_variable_keeps_growing(update):
+    """A sum through the layout ops (slices, concat, stack, transpose) of a loop lowered by
+    inlining: its Merge took the half colour of the slices, and the sum stopped at 9.0 in
+    bfloat16 (72.0 in float16) where float32 reached 124.3."""
+    a, b = _small_products()
+    step = STACKED_SUMS[update]
+
+    @tf.function
+    def head(t):
+        return tf.matmul(t, tf.eye(4))
+
+    def stacked(a, b):
+        def body(i, t):
+            return i + 1, step(t, tf.matmul(a, b))
+
+        return head(tf.while_loop(lambda i, t: i < 5000, body, (0, tf.zeros((4, 4))))[1])
+
+    want = tf.function(stacked)(a, b)
+    for target, rtol in (("float16", 3e-3), ("bfloat16", 1.5e-2)):
+        amp = tf_amp.function(stacked, config=RewriteConfig(target_dtype=target))
+        np.testing.assert_allclose(amp(a, b), want, rtol=rtol, err_msg=target)
+
+
 def test_a_condition_that_does_not_sum_is_left_alone():
     """A branch that replaces the running value (``x - acc``, or a fresh product) makes no
     running sum: nothing is kept float32 for it."""
