@@ -194,6 +194,25 @@ def test_library_functions_keep_plain_tf_function() -> None:
         assert not isinstance(tf.function(library_fn), AmpTfFunction)
 
 
+def test_a_function_made_under_the_activation_runs_float32_after_deactivate() -> None:
+    """A ``tf.function`` made while the environment was on kept rewriting every call and
+    trace after ``deactivate()``, which turned every other part of tf_amp off. It now runs as
+    the ``tf.function`` it is; ``tf_amp.function`` asked for the rewrite and keeps it."""
+    import tf_amp
+
+    w = tf.fill((8, 8), 1.0001)  # 1.0 in float16: the half MatMul gives 8.0, float32 8.0008
+    with activation.activated():
+        made_under = tf.function(lambda t: tf.matmul(t, w))
+        asked_for = tf_amp.function(lambda t: tf.matmul(t, w))
+        assert made_under(tf.ones((2, 8)))[0, 0] == 8.0
+    for rows in (2, 3):  # the signature rewritten before, and a new one
+        assert float(made_under(tf.ones((rows, 8)))[0, 0]) == pytest.approx(8.0008, abs=1e-6)
+        assert asked_for(tf.ones((rows, 8)))[0, 0] == 8.0
+    assert len(made_under.reports) == 1
+    with activation.activated():
+        assert made_under(tf.ones((3, 8)))[0, 0] == 8.0
+
+
 def test_user_modules_still_export_to_saved_model(tmp_path: Path) -> None:
     """tf.saved_model.save only exports tf.function attributes; ours still are (float32)."""
     with activation.activated():

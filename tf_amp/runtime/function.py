@@ -31,7 +31,7 @@ import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 
 from tf_amp._upstream import tensorflow as upstream_tf
-from tf_amp.runtime import _graphdef
+from tf_amp.runtime import _graphdef, _state
 from tf_amp.runtime._rebuild import rebuild_concrete_function
 from tf_amp.type_attrs.exclude import CALL_OPS
 
@@ -392,9 +392,21 @@ class AmpTfFunction(upstream_tf.TfFunction):
         """Runs the rewritten function; plain ``tf.function`` behaviour inside another tf_amp
         function's trace (whose rewrite covers this call) and under
         ``tf.config.run_functions_eagerly(True)`` (nothing is traced to rewrite)."""
-        if _inside_a_tf_amp_trace() or tf.config.functions_run_eagerly():
+        if (_inside_a_tf_amp_trace() or tf.config.functions_run_eagerly()
+                or self._switched_off()):
             return super().__call__(*args, **kwargs)
         return self._amp()(*args, **kwargs)
+
+    def _switched_off(self) -> bool:
+        """Whether this function was made by the environment's ``tf.function`` and the
+        environment's graph rewrite is off now (``deactivate()``): it then runs as the
+        ``tf.function`` it is, as every ``tf.function`` made after. It kept rewriting every
+        trace, so turning tf_amp off left the functions already made in half.
+        (``tf_amp.function`` asked for the rewrite itself: it always rewrites.)"""
+        if type(self) is not AmpTfFunction:
+            return False
+        active = _state.active_settings()
+        return active is None or active.graph_rewrite is False
 
     def _clone(self, python_function: Any) -> Any:
         """TensorFlow's copy of this function (``strategy.run`` makes one per call to trace
