@@ -175,6 +175,28 @@ def test_lists_apply_environment_overrides(
     assert "MatMul" in lists["allow"]
 
 
+def test_lists_under_a_float32_target_do_not_call_themselves_effective(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A float32 target rewrites nothing: ``tf-amp lists`` printed float16's lists as the
+    "effective lists for float32", and its JSON named them float32's."""
+    from tf_amp import hardware
+
+    choose = hardware.choose_target  # "auto" as on a CPU without fast bfloat16
+    monkeypatch.setattr(hardware, "choose_target", lambda *_: choose("CPU", frozenset()))
+    monkeypatch.delenv("TF_AMP_TARGET_DTYPE")
+    assert cli.main(["lists"]) == 0
+    out = capsys.readouterr().out
+    assert "effective" not in out
+    assert "the float32 target rewrites nothing; the lists a float16 target would use" in out
+    assert cli.main(["lists", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert (listed["rewrites"], listed["lists_for"]) == (False, "float16")
+    monkeypatch.setenv("TF_AMP_TARGET_DTYPE", "bfloat16")
+    assert cli.main(["lists"]) == 0
+    assert "effective lists for bfloat16" in capsys.readouterr().out
+
+
 def test_bad_input_gives_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "junk.pb").write_bytes(b"\xff\x00 not a graph")
     assert cli.main(["rewrite", str(tmp_path / "junk.pb"), str(tmp_path / "o.pb")]) == 2

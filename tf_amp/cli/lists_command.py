@@ -13,10 +13,20 @@ def run_lists(args: argparse.Namespace) -> int:
     """``tf-amp lists``: the lists after the environment's overrides (text or JSON)."""
     config = config_from_env(args.target_dtype)
     lists = config.resolved_lists().as_dict()
+    # A float32 target rewrites nothing: the lists shown are the float16 ones, which it
+    # would use if forced, and are not called effective.
+    listed_for = config.target_dtype if config.target_dtype != "float32" else "float16"
     if args.json:
-        print(json.dumps({"target_dtype": config.target_dtype, **lists}, indent=2))
+        print(json.dumps({"target_dtype": config.target_dtype, "rewrites": config.rewrites,
+                          "lists_for": listed_for, **lists}, indent=2))
         return 0
-    print(f"effective lists for {config.target_dtype} (defaults + environment overrides)")
+    if config.rewrites:
+        print(f"effective lists for {listed_for} (defaults + environment overrides)")
+    else:
+        why = (f"the {config.target_dtype} target" if config.target_dtype == "float32"
+               else f"opt level {config.opt_level}")
+        print(f"{why} rewrites nothing; the lists a {listed_for} target would use "
+              "(defaults + environment overrides):")
     print(f"target: {config.target_dtype} ({config.target_reason})")
     if config.level:
         print(f"level: {config.level}")
