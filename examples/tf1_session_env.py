@@ -12,6 +12,7 @@ routes ``optimizer.minimize`` through a loss-scaling optimizer)::
 Data: scikit-learn's digits (ships with the package, nothing downloaded).
 """
 
+import argparse
 import os
 import sys
 import tempfile
@@ -20,6 +21,11 @@ import numpy as np
 import tensorflow as tf
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
+
+# No options: --help says what the script does instead of running it.
+argparse.ArgumentParser(
+    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+).parse_args()
 
 tf1 = tf.compat.v1
 tf1.disable_eager_execution()

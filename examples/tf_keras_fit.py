@@ -8,9 +8,16 @@ With tf_amp installed, ``fit`` runs the rewritten (mixed-precision) train step a
 is loss-scaled; without the variable it trains in float32. Data: scikit-learn's digits.
 """
 
+import argparse
+
 import numpy as np
 import tensorflow as tf
 from sklearn.datasets import load_digits
+
+# No options: --help says what the script does instead of running it.
+argparse.ArgumentParser(
+    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+).parse_args()
 
 digits = load_digits()
 x = (digits.images / 16.0).astype(np.float32)[..., None]

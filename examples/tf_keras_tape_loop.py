@@ -10,8 +10,15 @@ Under the variable the step runs rewritten, ``tape.gradient`` is loss-scaled, an
 whose label is the parity of how many "odd" tokens they hold more than "even" ones.
 """
 
+import argparse
+
 import numpy as np
 import tensorflow as tf
+
+# No options: --help says what the script does instead of running it.
+argparse.ArgumentParser(
+    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+).parse_args()
 
 rng = np.random.default_rng(0)
 tokens = rng.integers(1, 200, size=(512, 12)).astype(np.int32)

@@ -9,9 +9,16 @@ Under the variable the step runs rewritten, its ``tape.gradient`` is loss-scaled
 gradients overflow is skipped. Data: scikit-learn's digits.
 """
 
+import argparse
+
 import numpy as np
 import tensorflow as tf
 from sklearn.datasets import load_digits
+
+# No options: --help says what the script does instead of running it.
+argparse.ArgumentParser(
+    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+).parse_args()
 
 
 class Classifier(tf.keras.Model):

@@ -150,8 +150,10 @@ class RewriteConfig:
         Cast at run time anyway), rewrite +1 ms. It wins, so it is the default.
       probe: before painting, time every allow / infer op of the main graph at its own
         shapes in float32 and in the target on this machine (``tf_amp.probe``) and keep
-        float32 those that are not faster. Costs seconds per rewrite; worth it where the
-        reduced kernels' speed is not known (a new CPU, float16 on a CPU).
+        float32 the allow ops that are not faster and the infer ops 1.5x slower, when they
+        also lose 20 us per run (``tf_amp.probe.MIN_LOSS_S``: below it, noise). Costs
+        seconds per rewrite; worth it where the reduced kernels' speed is not known (a new
+        CPU, float16 on a CPU).
       slow_nodes: main-graph node names kept float32 because they were measured slower in
         the target (what ``probe`` finds; may also be given directly).
       infer_follows_allow: run TensorFlow's pass AddInferToAllowIfFollowAllow (an infer op

@@ -51,9 +51,10 @@ def enable_mixed_precision_graph_rewrite(
       loss_scale: ``"auto"`` (default): dynamic loss scaling where the target is float16 or
         a Keras global policy computes in float16 (``mixed_float16``: the wrapper stands in
         for the one Keras's ``compile`` would add), none where it is bfloat16 (float32's
-        exponent range: nothing underflows, and the scaling work costs 3-8% of a step) or
-        float32; ``"dynamic"``, a number (static) or a ``tf_amp.LossScale`` to ask for
-        scaling whatever the target.
+        exponent range: nothing underflows, and the scaling work costs 3-8% of a step;
+        but a Keras model whose own dtype policy computes in float16 turns it on at
+        ``compile`` / ``fit``) or float32; ``"dynamic"``, a number (static) or a
+        ``tf_amp.LossScale`` to ask for scaling whatever the target.
       **kwargs: passed to the wrapper (``enabled``, ``max_consecutive_skips``...).
 
     Where the target is float32 (``tf_amp.hardware``: no fast reduced precision on this

@@ -1,8 +1,9 @@
 """Loss-scaling optimizer wrappers; ``LossScaleOptimizer`` picks the one for the inner type.
 
 Keras 3 optimizers get ``tf_amp.optimizers.keras.KerasLossScaleOptimizer`` (itself a Keras
-optimizer); ``tf.compat.v1.train.Optimizer`` instances get
-``tf_amp.optimizers.v1.V1LossScaleOptimizer`` (itself a v1 optimizer). Both share the
+optimizer); tf_keras ones (``tf_keras.optimizers.*`` and ``.legacy.*``) the wrappers of
+``tf_amp.optimizers.tf_keras``; ``tf.compat.v1.train.Optimizer`` instances get
+``tf_amp.optimizers.v1.V1LossScaleOptimizer`` (itself a v1 optimizer). All share the
 ``tf_amp.loss_scale`` state machine and the fused unscale + finite-check op.
 """
 
@@ -62,9 +63,9 @@ def _wrap(inner: Any, loss_scale: Any = "dynamic", **kwargs: Any) -> Any:
 class _LossScaleOptimizerType(type):
     """Makes ``tf_amp.LossScaleOptimizer`` a factory that is also a class to test against.
 
-    Calling it returns the wrapper of the inner optimizer's family (Keras or v1), as tf.keras
-    2.x's metaclass did; ``isinstance(opt, tf_amp.LossScaleOptimizer)`` is True for every
-    wrapper it returns, whatever the family.
+    Calling it returns the wrapper of the inner optimizer's family (Keras 3, tf_keras or v1),
+    as tf.keras 2.x's metaclass did; ``isinstance(opt, tf_amp.LossScaleOptimizer)`` is True for
+    every wrapper it returns, whatever the family.
     """
 
     def __call__(cls, inner: Any, loss_scale: Any = "dynamic", **kwargs: Any) -> Any:

@@ -14,9 +14,14 @@ graph itself and runs the result. The modules form a stack; each imports only mo
   these use the optimizer wrappers (:mod:`tf_amp.optimizers`), which sit below them;
 * :mod:`~tf_amp.runtime.rewrite_switch` -- marks an optimizer and installs the Keras compile
   hook (also reached from a loaded, marked Keras wrapper);
+* tf_keras under the environment: :mod:`~tf_amp.runtime.tf_keras_env` (its patches);
+  :mod:`~tf_amp.runtime._user_callers` says whether a patched method was called by user code
+  (AutoGraph's frames skipped), :mod:`~tf_amp.runtime._own_train_step` whether a model steps
+  with a ``train_step`` of its own (then its optimizer is not wrapped at ``compile``);
 * the adapters, which know nothing of loss scaling: :mod:`~tf_amp.runtime.keras_fit` (the
   compile hook and per-model install) over :mod:`~tf_amp.runtime.keras_steps` (the rewritten
-  fit / evaluate / predict steps), :mod:`~tf_amp.runtime.function` (``tf_amp.function``) over
+  fit / evaluate / predict steps), :mod:`~tf_amp.runtime.tf_keras_fit` (the same for tf_keras's
+  step builders), :mod:`~tf_amp.runtime.function` (``tf_amp.function``) over
   :mod:`~tf_amp.runtime._rebuild` (traced graph -> rewritten concrete function),
   :mod:`~tf_amp.runtime.session` (``tf_amp.Session``), all over
   :mod:`~tf_amp.runtime._graphdef` (inline, rewrite, rename library functions);
