@@ -16,6 +16,13 @@ An unmodified script does not call ``scale_loss``. Three shapes of script are co
   ``tf_amp.loss_scale``'s dynamic policy, through the same code as ``tf_amp.LossScaleOptimizer``.
   A skipped step changes no weight, slot or ``iterations``.
 
+  Scaled only when the sources include a variable: gradients of tensors only (a saliency
+  map, an adversarial input, forces as ``-dE/dx``) are no step a skip could hold back, and
+  scaled, an overflow came back inf on every call. Real float gradients go through the fused
+  op, complex ones are divided and checked apart, integer parts pass as they are. Once any
+  call was scaled, an ``apply`` with no flag to take checks the gradients it is given: a
+  flag left in a ``tf.map_fn`` body or in another ``tf.function`` cannot reach it.
+
   Not scaled: the loss a loss-scale wrapper scaled (``scale_loss`` / ``get_scaled_loss`` of
   tf_amp's, Keras 3's or tf_keras's wrapper): the script scales already, and that wrapper's
   ``apply`` unscales and skips. Also not scaled: a ``gradient`` call that a tape records (an
@@ -82,6 +89,9 @@ _STATE: dict[str, Any] = {
     # a thread of its own, in one graph, and they meet at an all-reduce between tape.gradient
     # and apply; one list per graph handed replica 1's flag to replica 0's apply.
     "pending": weakref.WeakKeyDictionary(),
+    # Whether any gradient call was scaled: from then on an apply with no flag to take checks
+    # the gradients it is given (see _flag_for_apply).
+    "scaled_any": False,
 }
 _STATE_KEY = "_tf_amp_auto_loss_scale"  # a strategy's state, in its __dict__
 _MAX_PENDING = 16  # flags kept per graph (eager: gradient calls that no apply follows)
@@ -95,6 +105,7 @@ def reset() -> None:
         _STATE["strategies"] = weakref.WeakSet()
         _STATE["policy"] = None
         _STATE["pending"] = weakref.WeakKeyDictionary()
+        _STATE["scaled_any"] = False
 
 
 def _policy() -> Any:
@@ -296,11 +307,27 @@ def _all_of(flags: list[Any]) -> Any:
 # --- tf_keras hook: the hand-off that tf_keras optimizers' patched apply_gradients uses
 # (runtime/tf_keras_env.py); the same flags and policy as Keras 3's apply patch below.
 def take_finite_flag(grads: list[Any]) -> Any:
-    """The finite flag a scaled ``tape.gradient`` call left for ``grads`` in this graph (the
-    latest one when they were transformed in between), or None when none is pending."""
-    if not _pending():
+    """The finite flag for an ``apply`` of ``grads``: the one a scaled ``tape.gradient`` call
+    left in this graph (the latest one when they were transformed in between), else, once any
+    call was scaled, whether ``grads`` are all finite; None before any call was scaled."""
+    if _pending():
+        return _take_pending(list(grads))
+    if not _STATE["scaled_any"]:
         return None
-    return _take_pending(list(grads))
+    # Gradients scaled where their flag cannot reach this apply: in a tf.map_fn or loop body
+    # (per-example gradients), or in another tf.function (accumulated over micro-batches in
+    # variables, applied later). An overflow is still inf or NaN in them; unchecked, it was
+    # applied, and the scale never moved down: NaN weights for good.
+    return _all_finite(list(grads))
+
+
+def _all_finite(grads: list[Any]) -> tf.Tensor:
+    checks = [
+        tf.reduce_all(tf.math.is_finite(g.values if isinstance(g, tf.IndexedSlices) else g))
+        for g in grads
+        if g is not None and g.dtype.is_floating
+    ]
+    return tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)
 
 
 def policy() -> Any:
@@ -324,31 +351,76 @@ def gradient_patch(
         if (
             not is_user_caller()
             or not _is_float_scalar(target)
+            or not _has_a_variable(sources)
             or _recorded_by_a_tape(self)
             or _scaled_by_a_wrapper(target)
         ):
             return original(self, target, sources, output_gradients, unconnected_gradients)
-        # Imported here: the patch is made when TensorFlow finishes loading, which may be
-        # inside ``import tf_amp.ops`` itself.
-        from tf_amp.ops import unscale_and_check_finite
-
         scale = current_state().scale
         # A float16 loss with scale >= 65520 seeds inf: that step is skipped and the scale
         # halves. Multiplying in float32 would not help: the gradient of the float16 loss
         # itself (the backward Cast) is that same scale in float16.
-        seed = tf.cast(scale, target.dtype)
-        seed = seed * (tf.ones_like(target) if output_gradients is None else output_gradients)
+        seed = tf.cast(scale, target.dtype) * _one_output_gradient(target, output_gradients)
         grads = original(self, target, sources, seed, unconnected_gradients)
-        flat = tf.nest.flatten(grads)
-        present = [i for i, g in enumerate(flat) if g is not None]
-        unscaled, finite = unscale_and_check_finite([flat[i] for i in present], scale)
-        for i, value in zip(present, unscaled, strict=True):
-            flat[i] = value
-        _leave_pending([flat[i] for i in present], finite)
-        return tf.nest.pack_sequence_as(grads, flat)
+        unscaled, finite = _unscaled(grads, scale)
+        _leave_pending([g for g in tf.nest.flatten(unscaled) if g is not None], finite)
+        _STATE["scaled_any"] = True
+        return unscaled
 
     gradient.__wrapped__ = original  # type: ignore[attr-defined]
     return gradient
+
+
+def _has_a_variable(sources: Any) -> bool:
+    """Whether any source is a variable (``tf.Variable``, a Keras variable): gradients that
+    an optimizer may apply. Gradients of tensors only (a saliency map, an adversarial
+    example, forces as ``-dE/dx``) are no update that a skipped step could hold back: scaled,
+    one that overflowed came back inf, every call, since no ``apply`` moved the scale down."""
+    return any(
+        s is not None and not isinstance(s, tf.Tensor | tf.IndexedSlices)
+        for s in tf.nest.flatten(sources, expand_composites=True)
+    )
+
+
+def _one_output_gradient(target: tf.Tensor, output_gradients: Any) -> tf.Tensor:
+    """The gradient seeded into ``target`` before scaling: ones, or the one given, as a
+    tensor or in TensorFlow's list form (``[tf.constant(2.0)]``: multiplied by the scale as
+    given, a list became a shape-[1] seed, and the backward pass failed on the shape)."""
+    if output_gradients is None:
+        return tf.ones_like(target)
+    flat = tf.nest.flatten(output_gradients)
+    if len(flat) != 1:
+        raise ValueError(
+            f"tape.gradient: one target takes one output gradient, got {len(flat)}"
+        )
+    if flat[0] is None:
+        return tf.ones_like(target)
+    return tf.cast(flat[0], target.dtype)
+
+
+def _unscaled(grads: Any, scale: tf.Tensor) -> tuple[Any, tf.Tensor]:
+    """``grads`` divided by ``scale``, in their structure, and whether all are finite.
+
+    Real float gradients go through the fused op; a complex one (a complex variable's) is
+    divided and checked on its own; integer parts (a ``RaggedTensor``'s row splits, an
+    integer source's zero gradient) pass as they are. The fused op refused everything but
+    the four float types, and ``RaggedTensor`` gradients whole."""
+    # Imported here: the patch is made when TensorFlow finishes loading, which may be inside
+    # ``import tf_amp.ops`` itself.
+    from tf_amp.ops import unscale_and_check_finite
+
+    flat = tf.nest.flatten(grads, expand_composites=True)
+    real = [i for i, g in enumerate(flat) if g is not None and g.dtype.is_floating]
+    unscaled, finite = unscale_and_check_finite([flat[i] for i in real], scale)
+    for i, value in zip(real, unscaled, strict=True):
+        flat[i] = value
+    flags = [finite]
+    for i, g in enumerate(flat):
+        if g is not None and g.dtype.is_complex:
+            flat[i] = g / tf.cast(scale, g.dtype)
+            flags.append(tf.reduce_all(tf.math.is_finite(tf.math.real(flat[i])))
+                         & tf.reduce_all(tf.math.is_finite(tf.math.imag(flat[i]))))
+    return tf.nest.pack_sequence_as(grads, flat, expand_composites=True), _all_of(flags)
 
 
 def _scaled_by_a_wrapper(target: Any) -> bool:
@@ -380,12 +452,17 @@ def keras_apply_patch(original: Callable[..., Any]) -> Callable[..., Any]:
     """Keras ``BaseOptimizer.apply`` skipping the step when the last scaled gradients overflowed."""
 
     def apply(self: Any, grads: Any, trainable_variables: Any = None) -> Any:
-        if _pending():
+        if is_tf_amp_wrapper(self):  # it scaled and checks its own; flags left here are spent
+            if _pending():
+                grads = list(grads)
+                _take_pending(grads)
+            return original(self, grads, trainable_variables)
+        if _pending() or _STATE["scaled_any"]:
             grads = list(grads)
-            finite = _take_pending(grads)
+            finite = take_finite_flag(grads)
         else:
             finite = None
-        if finite is None or is_tf_amp_wrapper(self):
+        if finite is None:
             return original(self, grads, trainable_variables)
         attach_state(self)
         if not self.built:
