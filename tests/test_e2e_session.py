@@ -336,3 +336,37 @@ def test_a_fed_constant_beyond_the_half_range_reaches_its_half_readers() -> None
         got = sess.run([y, z], feeds)
     np.testing.assert_array_equal(got[0], want[0])
     assert got[1] == want[1]
+
+
+@pytest.mark.parametrize("in_a_loop", [False, True], ids=["straight", "while_loop"])
+def test_a_reference_variable_read_after_its_assign_sees_the_new_value(in_a_loop: bool) -> None:
+    """A TF1 reference variable's read aliases its buffer: a MatMul under
+    ``control_dependencies([assign])`` reads it after the assign. The Cast the rewrite put in
+    between copied it whenever it ran: the half MatMul read the old value in 109 of 200 runs
+    (float32 Session: none), and in every iteration of a loop that assigns then reads."""
+    from _model_graphs import v1_control_flow
+
+    graph = tf.Graph()
+    with graph.as_default(), v1_control_flow():  # a v2 loop captures a reference by value
+        x = tf1.placeholder(tf.float32, [1, 4])
+        w = tf1.Variable(tf.eye(4), name="w", use_resource=False)
+        if in_a_loop:
+
+            def body(i, total):
+                with tf.control_dependencies([tf1.assign_add(w, tf.eye(4))]):
+                    y = tf.matmul(x, tf.identity(w))
+                return i + 1, total + y[0, 0]
+
+            fetch = tf1.while_loop(lambda i, _: i < 3, body, [0, 0.0], parallel_iterations=1)[1]
+        else:
+            with tf.control_dependencies([tf1.assign_add(w, tf.eye(4))]):
+                fetch = tf.matmul(x, w)[0, 0]
+        init = tf1.global_variables_initializer()
+    feed = {x: np.ones([1, 4], np.float32)}
+    results = {}
+    for name, session in (("float32", tf1.Session(graph=graph)),
+                          ("tf_amp", tf_amp.Session(graph=graph))):
+        with session:
+            session.run(init)
+            results[name] = [float(session.run(fetch, feed)) for _ in range(40)]
+    assert results["tf_amp"] == results["float32"]

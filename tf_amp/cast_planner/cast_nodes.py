@@ -73,10 +73,10 @@ def cast_node(nodes: Any, name: str, src: str, src_t: int, dst_t: int, device: s
 def counts_as_cast_to_half(view: BodyView, s: int) -> bool:
     """Whether a cast to half of node ``s``'s output counts in TensorFlow's summary line."""
     src_op = view.ops[s]
-    return src_op not in CONST_OPS and src_op not in VARIABLE_OPS and not _reads_ref(view, s)
+    return src_op not in CONST_OPS and src_op not in VARIABLE_OPS and not reads_ref(view, s)
 
 
-def _reads_ref(view: BodyView, s: int) -> bool:
+def reads_ref(view: BodyView, s: int) -> bool:
     """Identity / Enter of a ref variable (TensorFlow does not count those casts either)."""
     seen = 0
     while s < view.num_real and view.ops[s] in ("Identity", "Enter") and seen < 64:
