@@ -191,6 +191,9 @@ TABLE_SELECTION = "TABLE_SELECTION"
 # A loop's running sum (tf_amp.painter.accumulator_guard), kept float32 so each iteration's
 # addend is not rounded away.
 ACCUMULATOR_GUARD = "ACCUMULATOR_GUARD"
+# A reader of a constant beyond the target's range that would scale by it
+# (tf_amp.painter.half_range), kept float32.
+CONSTANT_RANGE_GUARD = "CONSTANT_RANGE_GUARD"
 UNEXPLAINED = "UNEXPLAINED"
 
 REASONS: dict[str, str] = {
@@ -239,6 +242,11 @@ REASONS: dict[str, str] = {
         "running sum; in a gradient loop, a weight's gradient summed over the iterations): "
         "kept float32 (tf_amp.painter.accumulator_guard), which needs no more Casts, the "
         "loop variable being float32 either way; TensorFlow paints it half by its pass 4"
+    ),
+    CONSTANT_RANGE_GUARD: (
+        "an op that scales by a float32 constant beyond the target's range (h * 1e5, "
+        "h / 1e-5): kept float32 (tf_amp.painter.half_range), where half gives inf "
+        "(TensorFlow's pass) or a clipped, silently wrong product; TensorFlow paints it half"
     ),
     UNEXPLAINED: "no listed reason",
 }
@@ -295,6 +303,9 @@ def classify(result: RewriteResult, comparison: Comparison) -> dict[str, list]:
             continue
         if block == "loop-accumulator":
             buckets[ACCUMULATOR_GUARD].append(key)
+            continue
+        if block == "constant-beyond-range":
+            buckets[CONSTANT_RANGE_GUARD].append(key)
             continue
         if view.v_attr[v] == "element_dtype":
             decision = result.report.decision_for(key[1], key[2], key[0])

@@ -194,6 +194,28 @@ def test_a_constant_that_rounds_to_the_largest_half_is_no_sentinel() -> None:
     np.testing.assert_allclose(amp(x), tf.function(shifted)(x), rtol=1e-3)
 
 
+def test_a_product_by_a_constant_beyond_range_stays_float32() -> None:
+    """A constant beyond float16's range that scales a value is no sentinel: clipped to
+    65504, ``h * 1e5`` came out 1.53x too small with nothing to tell (TensorFlow's pass and
+    Keras's policy give inf); ``h / 1e-5`` became a product by 1e5 in Grappler, infinite.
+    Kept float32, both are right; the sum beside them still folds its sentinel."""
+    x = tf.constant([[1e-3, 2e-3], [-3e-3, 5e-4]])
+    w = tf.constant([[1.0, 0.5], [0.25, -1.0]])
+
+    def scaled(x: tf.Tensor, w: tf.Tensor) -> tuple[tf.Tensor, ...]:
+        h = tf.matmul(x, w)
+        return h * 1e5, h / 1e-5, tf.nn.softmax(h + tf.constant([-1e9, 0.0]))
+
+    want = tf.function(scaled)(x, w)
+    amp = tf_amp.function(scaled, config=RewriteConfig(target_dtype="float16"))
+    for got, expected in zip(amp(x, w), want, strict=True):
+        np.testing.assert_allclose(got, expected, rtol=2e-3, atol=1e-3)
+    (report,) = amp.reports
+    kept = {d.op for d in report.decisions if "beyond the target's range" in d.reason}
+    assert kept == {"Mul", "RealDiv"}
+    assert report.consts_folded >= 1
+
+
 def _imported(graph_def: graph_pb2.GraphDef) -> tf.Graph:
     graph = tf.Graph()
     with graph.as_default():

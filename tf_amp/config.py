@@ -287,6 +287,13 @@ class RewriteConfig:
         return self._guard_on(self.guard_accumulators, default_for=("float16", "bfloat16"))
 
     @property
+    def guards_constant_range(self) -> bool:
+        """Whether readers of a constant beyond the target's range (other than sums, selects
+        and bounds, which take it as a sentinel) stay float32: always, but at O3 and
+        ``UNSAFE_FORCE_ALL``, which ask for every op."""
+        return not self._asks_for_every_op
+
+    @property
     def selects_before_cast(self) -> bool:
         """Whether selections from weight tables stay float32 (see the field)."""
         return self.select_before_cast and not self._asks_for_every_op

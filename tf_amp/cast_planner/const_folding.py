@@ -14,11 +14,20 @@ import ml_dtypes
 import numpy as np
 
 from tf_amp.painter import ALLOW_C, Painting
+from tf_amp.painter.half_range import (
+    beyond_range,
+    float32_values,
+    half_numpy_dtype,
+    overflows,
+    rounded,
+)
 from tf_amp.painter.reasons import Block
-from tf_amp.type_attrs import DT_FLOAT, DT_HALF, BodyView
+from tf_amp.type_attrs import DT_FLOAT, BodyView
 
 CONST_OPS: frozenset[str] = frozenset({"Const", "HostConst"})
-# Ops that add a constant to a value: a sentinel beyond range must leave room there.
+# Ops that add a constant to a value: a sentinel beyond range must leave room there. (The
+# painter keeps float32 every reader of such a constant but the sentinel readers:
+# ``tf_amp.painter.half_range.SENTINEL_READERS``.)
 SUM_OPS: frozenset[str] = frozenset({"Add", "AddV2", "Sub", "BiasAdd", "AddN"})
 
 
@@ -68,7 +77,7 @@ def saturated_half_copy(proto: Any, target: int, added: Callable[[], bool]) -> A
     if proto.op not in CONST_OPS or proto.attr["dtype"].type != DT_FLOAT:
         return None
     tensor = proto.attr["value"].tensor
-    if tensor.dtype != DT_FLOAT or not _overflows(tensor, target):
+    if tensor.dtype != DT_FLOAT or not overflows(tensor, target):
         return None
     copy = type(proto)()
     copy.CopyFrom(proto)
@@ -76,41 +85,6 @@ def saturated_half_copy(proto: Any, target: int, added: Callable[[], bool]) -> A
         return None
     copy.attr["dtype"].type = target
     return copy
-
-
-def _overflows(tensor: Any, target: int) -> bool:
-    """Whether a finite float32 value of ``tensor`` becomes an infinity cast to ``target``."""
-    return _beyond_range(_float32_values(tensor), _half_numpy_dtype(target))
-
-
-def _float32_values(tensor: Any) -> np.ndarray:
-    """A float32 TensorProto's values, from either encoding TensorFlow writes
-    (``tensor_content`` bytes, or ``float_val`` for scalars and splats)."""
-    if tensor.tensor_content:
-        return np.frombuffer(tensor.tensor_content, dtype="<f4")
-    return np.asarray(tensor.float_val, dtype=np.float32)
-
-
-def _beyond_range(values: np.ndarray, half: Any) -> bool:
-    """Whether a finite value of ``values`` rounds to an infinity in ``half``: beyond the
-    midpoint past its largest finite number, not the number itself (65510 rounds to float16's
-    65504, as a runtime Cast does; it was taken for a sentinel and became 32752)."""
-    return bool(np.isinf(_rounded(values, half)).any())
-
-
-def _rounded(values: np.ndarray, half: Any) -> np.ndarray:
-    """``values`` cast to ``half`` (round to nearest even, as TensorFlow's Cast), infinities
-    and NaNs of ``values`` set to 0 so that only overflows are infinite."""
-    with np.errstate(over="ignore"):
-        return np.where(np.isfinite(values), values, 0).astype(half)
-
-
-def _half_numpy_dtype(target: int) -> Any:
-    if target == DT_HALF:
-        return np.float16
-    from tf_amp._upstream.tensorflow import dtypes
-
-    return dtypes.bfloat16.as_numpy_dtype
 
 
 def _tensor_to_half(tensor: Any, target: int, added: bool = False) -> bool:
@@ -122,8 +96,8 @@ def _tensor_to_half(tensor: Any, target: int, added: bool = False) -> bool:
     """
     if tensor.dtype != DT_FLOAT:
         return False
-    half = _half_numpy_dtype(target)
-    values = _saturating_cast(_float32_values(tensor), half, added)
+    half = half_numpy_dtype(target)
+    values = _saturating_cast(float32_values(tensor), half, added)
     if tensor.tensor_content:
         tensor.tensor_content = values.view("<u2").tobytes()
     else:  # float_val (empty for a zero-filled Const: nothing to convert)
@@ -149,10 +123,10 @@ def _saturating_cast(values: np.ndarray, half: Any, added: bool = False) -> np.n
     between the two. Infinities and NaNs stay what they are; values within range are not
     touched.
     """
-    if not _beyond_range(values, half):
+    if not beyond_range(values, half):
         return values.astype(half)
     largest = float(ml_dtypes.finfo(half).max)
     sentinel = largest / 2 if added else largest
-    beyond = np.isinf(_rounded(values, half))
+    beyond = np.isinf(rounded(values, half))
     clipped = np.where(beyond, np.copysign(sentinel, values), values)
     return clipped.astype(half)

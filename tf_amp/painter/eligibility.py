@@ -6,7 +6,8 @@ checkpoints, transfers), an op whose dtype is what it computes, a function call 
 rewritten instead), an excluded name scope or ``_tf_amp_exclude`` attr, a node on the wrong
 device, an op TensorFlow does not know, the cancelling sum of a normalization (float16's
 default), arithmetic that only updates variables (bfloat16's default), a gather or slice of a
-weight table (the Cast goes after it). The reason is kept per
+weight table (the Cast goes after it), a Keras model's compiled loss, a loop's running sum, an
+op that scales by a constant beyond the target's range. The reason is kept per
 node (``node_block``, a ``Block``) so the report can say it in words. Gradient ops of an
 excluded region are excluded with it.
 """
@@ -18,12 +19,15 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from tf_amp.config import RewriteConfig
 from tf_amp.lists import OpLists
 from tf_amp.painter.colours import CAT_NONE, CATEGORY_OF_LIST
+from tf_amp.painter.half_range import readers_of_constants_beyond_range
 from tf_amp.painter.loss_guard import compiled_loss_nodes
 from tf_amp.painter.normalization_guard import normalization_sum_nodes
 from tf_amp.painter.reasons import Block
 from tf_amp.painter.table_selection import table_selection_nodes
 from tf_amp.painter.update_guard import update_only_nodes
 from tf_amp.type_attrs import (
+    DT_BFLOAT16,
+    DT_HALF,
     EXCLUDE_NOT_READ,
     EXCLUDE_USER,
     EXCLUDE_VIEW,
@@ -198,7 +202,9 @@ def _block_guarded_nodes(
     - the gathers and slices of a float32 weight table, so the Cast is of what they select
       (``tf_amp.painter.table_selection``);
     - a Keras model's compiled loss and its gradient (``tf_amp.painter.loss_guard``);
-    - a loop's running sums (``tf_amp.painter.accumulator_guard``).
+    - a loop's running sums (``tf_amp.painter.accumulator_guard``);
+    - the readers of a constant beyond the target's range that would scale by it
+      (``tf_amp.painter.half_range``).
     """
     guards: list[tuple[bool, Callable[[], Collection[int]], Block]] = [
         (config.guards_normalization, lambda: normalization_sum_nodes(view), Block.NORMALIZATION),
@@ -207,6 +213,10 @@ def _block_guarded_nodes(
         (config.selects_before_cast, lambda: table_selection_nodes(view), Block.TABLE_SELECTION),
         (config.guards_losses, lambda: compiled_loss_nodes(view), Block.COMPILED_LOSS),
         (config.guards_accumulators, lambda: view.running_sums, Block.LOOP_ACCUMULATOR),
+        (config.guards_constant_range,
+         lambda: readers_of_constants_beyond_range(
+             view, DT_HALF if config.target_dtype == "float16" else DT_BFLOAT16),
+         Block.CONSTANT_BEYOND_RANGE),
     ]
     for on, find_nodes, block in guards:
         if not on:

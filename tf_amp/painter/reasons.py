@@ -165,6 +165,12 @@ class Block(str, enum.Enum):
         "value): kept float32, as half rounding would lose each addend that falls below half "
         "a unit of the sum (tf_amp.painter.accumulator_guard)",
     )
+    CONSTANT_BEYOND_RANGE = (
+        "constant-beyond-range",
+        "{op} reads a float32 constant beyond the target's range and is no sum, select or "
+        "bound that can take it as a sentinel: kept float32, where half would scale by a "
+        "clipped or infinite value (tf_amp.painter.half_range)",
+    )
     TABLE_SELECTION = (
         "table-selection",
         "{op} selects from a float32 weight table: kept float32, so that half ops reading its "

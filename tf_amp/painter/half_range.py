@@ -1,0 +1,90 @@
+"""Which float32 constants a half type cannot hold: the values a runtime Cast would make
+infinite. Read by the range guard (the painter) and by constant folding (the cast planner)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from tf_amp.type_attrs import DT_HALF
+
+
+def float32_values(tensor: Any) -> np.ndarray:
+    """A float32 TensorProto's values, from either encoding TensorFlow writes
+    (``tensor_content`` bytes, or ``float_val`` for scalars and splats)."""
+    if tensor.tensor_content:
+        return np.frombuffer(tensor.tensor_content, dtype="<f4")
+    return np.asarray(tensor.float_val, dtype=np.float32)
+
+
+def rounded(values: np.ndarray, half: Any) -> np.ndarray:
+    """``values`` cast to ``half`` (round to nearest even, as TensorFlow's Cast), infinities
+    and NaNs of ``values`` set to 0 so that only overflows are infinite."""
+    with np.errstate(over="ignore"):
+        return np.where(np.isfinite(values), values, 0).astype(half)
+
+
+def beyond_range(values: np.ndarray, half: Any) -> bool:
+    """Whether a finite value of ``values`` rounds to an infinity in ``half``: beyond the
+    midpoint past its largest finite number, not the number itself (65510 rounds to float16's
+    65504, as a runtime Cast does; it was taken for a sentinel and became 32752)."""
+    return bool(np.isinf(rounded(values, half)).any())
+
+
+def half_numpy_dtype(target: int) -> Any:
+    """The numpy type of a half ``DataType`` enum (float16, or ml_dtypes' bfloat16)."""
+    if target == DT_HALF:
+        return np.float16
+    from tf_amp._upstream.tensorflow import dtypes
+
+    return dtypes.bfloat16.as_numpy_dtype
+
+
+# Ops that read a "very large" constant as a sentinel (an attention mask added or selected, a
+# bound): constant folding clips it to the half type's range for them, which keeps its
+# meaning. Any other op scales by it, and clipped its result is silently wrong.
+SENTINEL_READERS: frozenset[str] = frozenset({
+    "Add", "AddV2", "Sub", "BiasAdd", "AddN", "Select", "SelectV2", "Minimum", "Maximum",
+    "ClipByValue", "Less", "LessEqual", "Greater", "GreaterEqual", "Equal", "NotEqual",
+})
+_CONST_OPS = frozenset({"Const", "HostConst"})
+_DIVISIONS = frozenset({"RealDiv", "Div", "DivNoNan"})
+
+
+def readers_of_constants_beyond_range(view: Any, target: int) -> set[int]:
+    """The nodes of ``view`` other than sentinel readers that read, as data, a float32 Const
+    holding a finite value the half ``target`` cannot hold.
+
+    Kept float32 (``Block.CONSTANT_BEYOND_RANGE``): ``h * 1e5`` in float16 read the constant
+    clipped to 65504 and came out 1.53x too small, with no inf to tell; TensorFlow's pass and
+    Keras's mixed policy give inf there. In float32 it is right. So is a division by a
+    constant whose reciprocal is beyond range (``h / 1e-5``): Grappler turns it into a
+    product by the reciprocal, infinite in float16."""
+    from tf_amp.type_attrs import DT_FLOAT
+
+    found: set[int] = set()
+    checked: dict[tuple[int, bool], bool] = {}
+    half = half_numpy_dtype(target)
+    for k in range(len(view.e_src)):
+        s, d = view.e_src[k], view.e_dst[k]
+        if d >= view.num_real or view.ops[s] not in _CONST_OPS:
+            continue
+        if view.ops[d] in SENTINEL_READERS:
+            continue
+        divisor = view.ops[d] in _DIVISIONS and view.e_dport[k] == 1
+        if (s, divisor) not in checked:
+            tensor = view.protos[s].attr["value"].tensor
+            values = float32_values(tensor) if tensor.dtype == DT_FLOAT else None
+            if values is not None and divisor:
+                with np.errstate(divide="ignore", over="ignore"):
+                    values = np.float32(1) / values[values != 0]
+            checked[s, divisor] = values is not None and beyond_range(values, half)
+        if checked[s, divisor]:
+            found.add(d)
+    return found
+
+
+def overflows(tensor: Any, target: int) -> bool:
+    """Whether a finite float32 value of ``tensor`` becomes an infinity cast to ``target``."""
+    return beyond_range(float32_values(tensor), half_numpy_dtype(target))
