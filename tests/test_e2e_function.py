@@ -7,6 +7,7 @@ float16 rounding (a few 1e-4 relative), not by zero and not by more.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from typing import Any
@@ -20,6 +21,7 @@ import tf_amp
 from tests.e2e_helpers import HEAVY_OPS, half_ops_of_functions
 from tf_amp._upstream import tensorflow as upstream_tf
 from tf_amp.config import RewriteConfig
+from tf_amp.runtime import activation
 from tf_amp.runtime.function import AmpTfFunction, Function
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -627,16 +629,18 @@ def test_a_variable_made_from_the_arguments_on_the_first_call(decorate: str, cap
         return tf.matmul(state["v"], tf.ones((4, 4)))
 
     if decorate == "tf_amp.function":
-        fn = tf_amp.function(body)
-    else:  # what the environment activation's tf.function returns
+        fn, switch = tf_amp.function(body), contextlib.nullcontext()
+    else:  # what the environment activation's tf.function returns, while it is on
         fn = upstream_tf.retype_tf_function(upstream_tf.tf_function(body), AmpTfFunction)
+        switch = activation.activated()
     x = tf.ones((2, 4))
-    with caplog.at_level(logging.INFO, logger="tf_amp"):
-        first = fn(x)
-    np.testing.assert_array_equal(first.numpy(), np.full((2, 4), 8.0, np.float32))
-    np.testing.assert_array_equal(state["v"].numpy(), np.full((2, 4), 2.0, np.float32))
-    assert "cannot lift" in caplog.text
-    second = fn(x)  # the variable exists: traced again, rewritten and run
+    with switch:
+        with caplog.at_level(logging.INFO, logger="tf_amp"):
+            first = fn(x)
+        np.testing.assert_array_equal(first.numpy(), np.full((2, 4), 8.0, np.float32))
+        np.testing.assert_array_equal(state["v"].numpy(), np.full((2, 4), 2.0, np.float32))
+        assert "cannot lift" in caplog.text
+        second = fn(x)  # the variable exists: traced again, rewritten and run
     np.testing.assert_allclose(second.numpy(), 8.0)
     rebuilt = fn.rewritten_concrete_functions()
     assert len(rebuilt) == 1
