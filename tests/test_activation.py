@@ -436,6 +436,44 @@ def test_scaled_gradients_applied_where_their_flag_cannot_follow_still_skip() ->
     assert got_losses[-1] < 2 * want_losses[len(want_losses) // 2]
 
 
+def test_gradients_combined_from_several_calls_are_checked_whole() -> None:
+    """Gradients summed over two micro-batches, or two tapes' gradients clipped then applied
+    by two optimizers: the apply took the latest call's flag alone (none of the tensors it
+    was given came out of a call), so an overflow in the first micro-batch, or in the other
+    tape, reached the weights: NaN for good. Such an apply now checks what it is given."""
+    rng = np.random.RandomState(0)
+    batches = [rng.randn(16, 8).astype("float32") * 30, rng.randn(16, 8).astype("float32")]
+    targets = rng.randn(16, 1).astype("float32")
+    with activation.activated():
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16), keras.layers.Dense(1)])
+        head = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+        body_opt, head_opt = keras.optimizers.SGD(1e-5), keras.optimizers.SGD(1e-5)
+
+        @tf.function
+        def step():
+            summed = [tf.zeros_like(v) for v in model.trainable_variables]
+            for x in batches:  # micro-batch 0's gradients overflow at the first scales
+                with tf.GradientTape() as tape:
+                    loss = tf.reduce_mean(tf.square(model(x) - targets))
+                grads = tape.gradient(loss, model.trainable_variables)
+                summed = [s + g / 2 for s, g in zip(summed, grads, strict=True)]
+            with tf.GradientTape() as tape:  # a second tape whose gradients stay finite
+                head_loss = tf.reduce_mean(tf.square(head(targets) - 1.0))
+            head_grads = tape.gradient(head_loss, head.trainable_variables)
+            summed, _ = tf.clip_by_global_norm(summed, 1e6)
+            head_grads, _ = tf.clip_by_global_norm(head_grads, 1e6)
+            body_opt.apply_gradients(zip(summed, model.trainable_variables, strict=True))
+            head_opt.apply_gradients(zip(head_grads, head.trainable_variables, strict=True))
+            return loss
+
+        losses = [float(step()) for _ in range(14)]
+        state = auto_loss_scale.current_state()
+    assert all(np.isfinite(v.numpy()).all() for v in model.trainable_variables)
+    assert int(state.skipped_steps) > 0  # it overflowed, and backed off
+    assert int(body_opt.iterations) > 0 and losses[-1] < losses[0]
+
+
 def _loop_that_scales_its_own_loss(
     scaling: str, settings: Settings, steps: int = 20
 ) -> tuple[list[np.ndarray], int, bool]:

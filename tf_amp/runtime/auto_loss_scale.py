@@ -273,9 +273,12 @@ def _leave_pending(gradients: list[Any], finite: Any) -> None:
 def _take_pending(grads: list[Any]) -> Any:
     """The finite flag for an ``apply`` of ``grads`` (None when no scaled call left one).
 
-    This thread's flags: those left with ``grads`` (or the latest, when they were changed in
-    between). With none, outside the replicas: every replica thread's flags, ANDed, since the
-    gradients applied there were reduced from all of them.
+    This thread's flags: those left with ``grads``. When ``grads`` are none of the tensors a
+    call returned (summed over micro-batches, clipped, averaged over a ``vectorized_map``),
+    whether they are all finite: the latest call's flag alone let an overflow of an earlier
+    micro-batch, or of a GAN's other tape, reach the weights as NaN. With no flag in this
+    thread, outside the replicas: every replica thread's flags, ANDed, since the gradients
+    applied there were reduced from all of them.
     """
     threads = _STATE["pending"].get(_graph_key())
     if not threads:
@@ -290,12 +293,11 @@ def _take_pending(grads: list[Any]) -> Any:
         return _all_of(flags)
     given = {id(g) for g in grads if g is not None}
     chosen = [i for i, (ts, _) in enumerate(entries) if any(id(t) in given for t in ts)]
-    chosen = chosen or [len(entries) - 1]
-    flags = [entries[i][1] for i in chosen]
-    del entries[: chosen[-1] + 1]
+    flag = _all_of([entries[i][1] for i in chosen]) if chosen else _all_finite(grads)
+    del entries[: (chosen[-1] if chosen else len(entries) - 1) + 1]
     if not entries:  # a replica's thread ends with its step: leave no list behind for it
         del threads[me]
-    return _all_of(flags)
+    return flag
 
 
 def _all_of(flags: list[Any]) -> Any:
