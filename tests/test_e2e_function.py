@@ -719,3 +719,22 @@ def test_a_dropped_function_takes_its_rewritten_library_functions_with_it():
     with tf.GradientTape() as tape:
         loss = tf.reduce_sum(kept(tf.ones((4, 8))))
     np.testing.assert_allclose(tape.gradient(loss, w), np.full((8, 8), 8.0))
+
+
+def test_a_graph_calling_a_rewritten_function_with_a_cond_exports(tmp_path) -> None:
+    """The first way of holding the rebuild's library functions put objects in the graph's
+    function table that could not give their ``.graph``: exporting the rewritten function as
+    a signature, and a graph that calls it with its shapes (what TF1's ``Saver`` writes),
+    failed ("Can not generate structured signature")."""
+    module = tf.Module()
+    module.w = tf.Variable(tf.eye(8))
+    module.f = tf_amp.function(
+        lambda x: tf.cond(tf.reduce_sum(x) > 0, lambda: tf.matmul(x, module.w), lambda: x),
+        config=RewriteConfig(target_dtype="float16"),
+    )
+    rewritten = module.f.get_concrete_function(tf.TensorSpec((4, 8)))
+    outer = tf.function(lambda x: module.f(x) + 1.0).get_concrete_function(tf.TensorSpec((4, 8)))
+    outer.graph.as_graph_def(add_shapes=True)
+    tf.saved_model.save(module, str(tmp_path / "m"), signatures=rewritten)
+    loaded = tf.saved_model.load(str(tmp_path / "m")).signatures["serving_default"]
+    np.testing.assert_allclose(loaded(tf.ones((4, 8)))["output_0"], np.ones((4, 8)))

@@ -264,24 +264,25 @@ def hold_library_functions(graph: Any, function_defs: list[Any]) -> None:
     they were imported into).
 
     The runtime resolves calls by name and counts the ``AtomicFunction`` objects made for a
-    name; a concrete function built from ``graph`` keeps ``graph._functions`` as its children,
-    and a graph that calls it copies those children, so a function goes when the last
+    name. The import put a ``_DefinedFunction`` in ``graph._functions`` for each function; a
+    concrete function built from ``graph`` keeps those as its children, and a graph that
+    calls it copies them, so each holds its ``AtomicFunction``: a function goes when the last
     function that can call it goes. Registered bare (``add_function_def``), every rebuild's
     functions stayed for the process: 400 per 200 dropped ``tf_amp.function`` s with a cond.
-    The import put a ``_DefinedFunction`` in ``graph._functions`` for each; one with a
-    gradient in the library keeps it (it carries the gradient's name into a GraphDef made
-    from the graph) and stays registered for the process.
+    (The ``AtomicFunction`` is not put in ``graph._functions`` itself: TensorFlow asks an
+    entry there for its ``.graph`` when it exports or differentiates, and one made from a
+    FunctionDef without its full FunctionType cannot give one.)
     """
     held = graph._functions  # noqa: SLF001
     for function_def in function_defs:
-        name = function_def.signature.name
-        if getattr(held.get(name), "grad_func_name", None):
-            context.context().add_function_def(function_def)
-            continue
-        # Only the name and the count matter for a child: callers call it by name.
-        held[name] = atomic_function.from_function_def(
+        # Only the name and the count matter: callers call it by name.
+        atomic = atomic_function.from_function_def(
             function_def, function_type_lib.FunctionType([])
         )
+        imported = held.get(function_def.signature.name)
+        if imported is None:
+            continue  # not imported into the graph: nothing calls it there (freed at once)
+        imported._tf_amp_registration = atomic  # noqa: SLF001
 
 
 class _FramesHidden(tf_stack.StackTraceFilter):
