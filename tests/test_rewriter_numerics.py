@@ -198,13 +198,18 @@ def test_a_product_by_a_constant_beyond_range_stays_float32() -> None:
     """A constant beyond float16's range that scales a value is no sentinel: clipped to
     65504, ``h * 1e5`` came out 1.53x too small with nothing to tell (TensorFlow's pass and
     Keras's policy give inf); ``h / 1e-5`` became a product by 1e5 in Grappler, infinite.
-    Kept float32, both are right; the sum beside them still folds its sentinel."""
+    Kept float32, both are right; the sum beside them still folds its sentinel, and a
+    sentinel spread by ``tf.fill`` for a select stays one (kept float32 at first, the fill
+    was cast to -inf at run time and the fully masked row was NaN)."""
     x = tf.constant([[1e-3, 2e-3], [-3e-3, 5e-4]])
     w = tf.constant([[1.0, 0.5], [0.25, -1.0]])
 
     def scaled(x: tf.Tensor, w: tf.Tensor) -> tuple[tf.Tensor, ...]:
         h = tf.matmul(x, w)
-        return h * 1e5, h / 1e-5, tf.nn.softmax(h + tf.constant([-1e9, 0.0]))
+        masked = tf.where(tf.constant([[True, False], [False, False]]), h,
+                          tf.fill(tf.shape(h), -1e9))  # a spread sentinel: its select decides
+        return (h * 1e5, h / 1e-5, tf.nn.softmax(h + tf.constant([-1e9, 0.0])),
+                tf.nn.softmax(masked))
 
     want = tf.function(scaled)(x, w)
     amp = tf_amp.function(scaled, config=RewriteConfig(target_dtype="float16"))

@@ -50,6 +50,11 @@ SENTINEL_READERS: frozenset[str] = frozenset({
 })
 _CONST_OPS = frozenset({"Const", "HostConst"})
 _DIVISIONS = frozenset({"RealDiv", "Div", "DivNoNan"})
+# Ops that only pass a value on (spread, reshaped): their readers decide.
+_PASSING_ON = frozenset({
+    "Identity", "Fill", "BroadcastTo", "Tile", "Reshape", "ExpandDims", "Squeeze", "Pack",
+    "ConcatV2", "Transpose",
+})
 
 
 def readers_of_constants_beyond_range(view: Any, target: int) -> set[int]:
@@ -60,29 +65,64 @@ def readers_of_constants_beyond_range(view: Any, target: int) -> set[int]:
     clipped to 65504 and came out 1.53x too small, with no inf to tell; TensorFlow's pass and
     Keras's mixed policy give inf there. In float32 it is right. So is a division by a
     constant whose reciprocal is beyond range (``h / 1e-5``): Grappler turns it into a
-    product by the reciprocal, infinite in float16."""
+    product by the reciprocal, infinite in float16.
+
+    A constant spread by an op that only passes it on (``tf.fill(shape, -1e9)``,
+    ``broadcast_to``) is judged by the readers behind that op: kept float32 for a select, the
+    fill became a runtime Cast to -inf and a fully masked softmax row NaN."""
+    half = half_numpy_dtype(target)
+    readers: dict[int, list[tuple[int, int]]] = {}
+    for k in range(len(view.e_src)):
+        if view.e_dst[k] < view.num_real:
+            readers.setdefault(view.e_src[k], []).append((view.e_dst[k], view.e_dport[k]))
+    found: set[int] = set()
+    for s in readers:
+        if view.ops[s] not in _CONST_OPS:
+            continue
+        values = _float32_constant(view, s)
+        if values is None:
+            continue
+        passing, scaling = _readers_through_passes(view, readers, s)
+        scaling = {d for d, port in scaling if _scales_beyond(values, view.ops[d], port, half)}
+        if scaling:
+            found |= scaling | passing  # the passed-on value stays float32 up to them
+    return found
+
+
+def _float32_constant(view: Any, s: int) -> np.ndarray | None:
     from tf_amp.type_attrs import DT_FLOAT
 
-    found: set[int] = set()
-    checked: dict[tuple[int, bool], bool] = {}
-    half = half_numpy_dtype(target)
-    for k in range(len(view.e_src)):
-        s, d = view.e_src[k], view.e_dst[k]
-        if d >= view.num_real or view.ops[s] not in _CONST_OPS:
-            continue
-        if view.ops[d] in SENTINEL_READERS:
-            continue
-        divisor = view.ops[d] in _DIVISIONS and view.e_dport[k] == 1
-        if (s, divisor) not in checked:
-            tensor = view.protos[s].attr["value"].tensor
-            values = float32_values(tensor) if tensor.dtype == DT_FLOAT else None
-            if values is not None and divisor:
-                with np.errstate(divide="ignore", over="ignore"):
-                    values = np.float32(1) / values[values != 0]
-            checked[s, divisor] = values is not None and beyond_range(values, half)
-        if checked[s, divisor]:
-            found.add(d)
-    return found
+    tensor = view.protos[s].attr["value"].tensor
+    return float32_values(tensor) if tensor.dtype == DT_FLOAT else None
+
+
+def _readers_through_passes(
+    view: Any, readers: dict[int, list[tuple[int, int]]], s: int
+) -> tuple[set[int], set[tuple[int, int]]]:
+    """(the ops that pass ``s``'s value on, the (reader, port)s behind them that are no
+    sentinel readers)."""
+    passing: set[int] = set()
+    scaling: set[tuple[int, int]] = set()
+    todo = [s]
+    while todo:
+        for d, port in readers.get(todo.pop(), ()):
+            op = view.ops[d]
+            if op in _PASSING_ON:
+                if d not in passing:
+                    passing.add(d)
+                    todo.append(d)
+            elif op not in SENTINEL_READERS:
+                scaling.add((d, port))
+    return passing, scaling
+
+
+def _scales_beyond(values: np.ndarray, op: str, port: int, half: Any) -> bool:
+    """Whether ``op`` reading ``values`` at ``port`` scales by a value ``half`` cannot hold
+    (a divisor by its reciprocal, which Grappler multiplies by)."""
+    if op in _DIVISIONS and port == 1:
+        with np.errstate(divide="ignore", over="ignore"):
+            values = np.float32(1) / values[values != 0]
+    return beyond_range(values, half)
 
 
 def overflows(tensor: Any, target: int) -> bool:
