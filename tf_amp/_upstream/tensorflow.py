@@ -36,8 +36,9 @@ Running rewritten graphs (``tf_amp.runtime``)
   * ``atomic_function.from_function_def`` and ``FuncGraph._functions`` (see
     :func:`hold_library_functions`) -- register the renamed library functions with the eager
     runtime, which resolves function calls by name, as counted ``AtomicFunction`` objects
-    held by the rebuilt graph: they go when the last function that calls them goes, as
-    ``tf.function``'s own do. No public API registers a function with a lifetime.
+    held by the function objects the import put in the rebuilt graph: they go when the last
+    function that can call them goes, as ``tf.function``'s own do. No public API registers a
+    function with a lifetime.
   * ``handle_data_util.copy_handle_data`` -- resource and variant placeholders carry the
     variable's dtype and shape as handle data; without it shape inference loses them.
   * ``pywrap_tf_session.TF_OperationGetStackTrace`` / ``TF_SetOpStackTrace`` (see
@@ -268,7 +269,8 @@ def hold_library_functions(graph: Any, function_defs: list[Any]) -> None:
     concrete function built from ``graph`` keeps those as its children, and a graph that
     calls it copies them, so each holds its ``AtomicFunction``: a function goes when the last
     function that can call it goes. Registered bare (``add_function_def``), every rebuild's
-    functions stayed for the process: 400 per 200 dropped ``tf_amp.function`` s with a cond.
+    functions stayed for the process: 400 for 200 dropped ``tf_amp.function`` objects with a
+    cond.
     (The ``AtomicFunction`` is not put in ``graph._functions`` itself: TensorFlow asks an
     entry there for its ``.graph`` when it exports or differentiates, and one made from a
     FunctionDef without its full FunctionType cannot give one.)

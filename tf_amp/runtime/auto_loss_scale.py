@@ -90,7 +90,7 @@ _STATE: dict[str, Any] = {
     # and apply; one list per graph handed replica 1's flag to replica 0's apply.
     "pending": weakref.WeakKeyDictionary(),
     # Whether any gradient call was scaled: from then on an apply with no flag to take checks
-    # the gradients it is given (see _flag_for_apply).
+    # the gradients it is given (see take_finite_flag).
     "scaled_any": False,
 }
 _STATE_KEY = "_tf_amp_auto_loss_scale"  # a strategy's state, in its __dict__
@@ -309,9 +309,10 @@ def _all_of(flags: list[Any]) -> Any:
 # --- tf_keras hook: the hand-off that tf_keras optimizers' patched apply_gradients uses
 # (runtime/tf_keras_env.py); the same flags and policy as Keras 3's apply patch below.
 def take_finite_flag(grads: list[Any]) -> Any:
-    """The finite flag for an ``apply`` of ``grads``: the one a scaled ``tape.gradient`` call
-    left in this graph (the latest one when they were transformed in between), else, once any
-    call was scaled, whether ``grads`` are all finite; None before any call was scaled."""
+    """The finite flag for an ``apply`` of ``grads``: the flags scaled ``tape.gradient`` calls
+    left with them in this graph (whether ``grads`` are all finite when they were combined or
+    transformed in between: :func:`_take_pending`), else, once any call was scaled, whether
+    ``grads`` are all finite; None before any call was scaled."""
     if _pending():
         return _take_pending(list(grads))
     if not _STATE["scaled_any"]:
