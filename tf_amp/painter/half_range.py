@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
-from tf_amp.type_attrs import DT_HALF
+from tf_amp.type_attrs import DT_FLOAT, DT_HALF
 
 
 def float32_values(tensor: Any) -> np.ndarray:
@@ -71,17 +72,15 @@ def readers_of_constants_beyond_range(view: Any, target: int) -> set[int]:
     ``broadcast_to``) is judged by the readers behind that op: kept float32 for a select, the
     fill became a runtime Cast to -inf and a fully masked softmax row NaN."""
     half = half_numpy_dtype(target)
+    constants = _extreme_constants(view, half)
+    if not constants:  # the common case: no edge map to build
+        return set()
     readers: dict[int, list[tuple[int, int]]] = {}
     for k in range(len(view.e_src)):
         if view.e_dst[k] < view.num_real:
             readers.setdefault(view.e_src[k], []).append((view.e_dst[k], view.e_dport[k]))
     found: set[int] = set()
-    for s in readers:
-        if view.ops[s] not in _CONST_OPS:
-            continue
-        values = _float32_constant(view, s)
-        if values is None:
-            continue
+    for s, values in constants.items():
         passing, scaling = _readers_through_passes(view, readers, s)
         scaling = {d for d, port in scaling if _scales_beyond(values, view.ops[d], port, half)}
         if scaling:
@@ -89,11 +88,24 @@ def readers_of_constants_beyond_range(view: Any, target: int) -> set[int]:
     return found
 
 
-def _float32_constant(view: Any, s: int) -> np.ndarray | None:
-    from tf_amp.type_attrs import DT_FLOAT
-
-    tensor = view.protos[s].attr["value"].tensor
-    return float32_values(tensor) if tensor.dtype == DT_FLOAT else None
+def _extreme_constants(view: Any, half: Any) -> dict[int, np.ndarray]:
+    """The float32 Consts of ``view`` (node -> values) with a value beyond ``half``'s largest
+    finite number, or a nonzero one below its reciprocal (a divisor's reciprocal may be
+    beyond): a pass over each Const's values, to spare the rest of the walk."""
+    largest = float(ml_dtypes.finfo(half).max)
+    found = {}
+    for n in range(view.num_real):
+        if view.ops[n] not in _CONST_OPS:
+            continue
+        tensor = view.protos[n].attr["value"].tensor
+        if tensor.dtype != DT_FLOAT:
+            continue
+        values = float32_values(tensor)
+        magnitudes = np.abs(values[np.isfinite(values)])  # infinities and NaNs stay as they are
+        nonzero = magnitudes[magnitudes > 0]
+        if nonzero.size and (nonzero.max() > largest or nonzero.min() < 1 / largest):
+            found[n] = values
+    return found
 
 
 def _readers_through_passes(
