@@ -90,9 +90,12 @@ def readers_of_constants_beyond_range(view: Any, target: int) -> set[int]:
 
 def _extreme_constants(view: Any, half: Any) -> dict[int, np.ndarray]:
     """The float32 Consts of ``view`` (node -> values) with a value beyond ``half``'s largest
-    finite number, or a nonzero one below its reciprocal (a divisor's reciprocal may be
-    beyond): a pass over each Const's values, to spare the rest of the walk."""
+    finite number, or, where the body divides, a nonzero one below its reciprocal (a
+    divisor's reciprocal may be beyond): a pass over each Const's values, to spare the rest
+    of the walk. (A body without a division asks only for large values: the small ones, an
+    epsilon in every normalization, would otherwise send most Keras graphs down the walk.)"""
     largest = float(ml_dtypes.finfo(half).max)
+    smallest = 1 / largest if any(op in _DIVISIONS for op in view.ops) else 0.0
     found = {}
     for n in range(view.num_real):
         if view.ops[n] not in _CONST_OPS:
@@ -103,7 +106,7 @@ def _extreme_constants(view: Any, half: Any) -> dict[int, np.ndarray]:
         values = float32_values(tensor)
         magnitudes = np.abs(values[np.isfinite(values)])  # infinities and NaNs stay as they are
         nonzero = magnitudes[magnitudes > 0]
-        if nonzero.size and (nonzero.max() > largest or nonzero.min() < 1 / largest):
+        if nonzero.size and (nonzero.max() > largest or nonzero.min() < smallest):
             found[n] = values
     return found
 
