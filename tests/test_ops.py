@@ -414,3 +414,29 @@ def test_a_new_process_that_imports_tf_amp_ops_knows_the_op(tmp_path):
         TF_AMP_TARGET_DTYPE="float16",
     )
     assert out.strip() == "[]"
+
+
+def test_vectorized_map_runs_the_op_over_every_example_at_once() -> None:
+    """Per-example gradients under the environment's loss scaling call the op inside
+    ``tf.vectorized_map``. pfor had no conversion for it and ran it one example at a time in
+    a ``while_loop`` (warning "no registered converter"); it now runs once over the stacked
+    examples, with one finite flag per example, as ``tf.map_fn`` gives."""
+    grads = np.full((4, 3, 2), 8.0, np.float32)
+    grads[2, 1, 0] = np.inf
+    shared = tf.constant(np.arange(6, dtype=np.float32).reshape(3, 2))
+
+    def one(example):
+        (unscaled, unscaled_shared), finite = ops.unscale_and_check_finite(
+            [example, shared], 4.0)
+        return unscaled, unscaled_shared, finite
+
+    vectorized = tf.function(lambda: tf.vectorized_map(one, tf.constant(grads)))
+    looped = tf.function(lambda: tf.map_fn(
+        one, tf.constant(grads), fn_output_signature=(tf.float32, tf.float32, tf.bool)))
+    for got, want in zip(vectorized(), looped(), strict=True):
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
+    np.testing.assert_array_equal(vectorized()[2].numpy(), [True, True, False, True])
+    graph = vectorized.get_concrete_function().graph.as_graph_def()
+    op_types = {n.op for n in graph.node}
+    op_types |= {n.op for f in graph.library.function for n in f.node_def}
+    assert "While" not in op_types and "StatelessWhile" not in op_types

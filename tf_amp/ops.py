@@ -36,7 +36,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_amp._flags import parse_flag
-from tf_amp._upstream.tensorflow import control_flow_util
+from tf_amp._upstream.tensorflow import control_flow_util, register_vectorized
 
 _LOG = logging.getLogger("tf_amp")
 _LIBRARY_BASENAME = "_tf_amp_ops.so"
@@ -204,5 +204,34 @@ def unscale_and_check_finite(
     return result, all_finite
 
 
+def _vectorized(
+    inputs: list[tuple[tf.Tensor, bool]], loop_length: tf.Tensor
+) -> list[tuple[tf.Tensor, bool]]:
+    """The op over the iterations of a ``tf.vectorized_map`` at once (pfor's conversion):
+    each gradient unscaled as it comes, stacked or not, and one finite flag per iteration.
+    A scale that differs per iteration is left to pfor's ``while_loop``."""
+    *grads, (scale, scale_stacked) = inputs
+    if scale_stacked:
+        raise NotImplementedError(f"{NATIVE_OP_NAME}: a scale that differs per iteration")
+    module, _ = _load_native_module()
+    values = [tensor for tensor, _ in grads]
+    if module is not None and not in_xla_context():
+        unscaled, _ = module.tf_amp_unscale_and_check_finite(values, scale)
+    else:
+        unscaled, _ = _fallback(values, scale)
+    flags = [tf.fill([loop_length], True)]
+    for value, (_, stacked) in zip(unscaled, grads, strict=True):
+        finite = tf.math.is_finite(value)
+        if stacked:
+            flags.append(tf.reduce_all(tf.reshape(finite, [loop_length, -1]), axis=1))
+        else:
+            flags.append(tf.fill([loop_length], tf.reduce_all(finite)))
+    per_iteration = tf.reduce_all(tf.stack(flags), axis=0)
+    return [(value, stacked) for value, (_, stacked) in zip(unscaled, grads, strict=True)] + [
+        (per_iteration, True)
+    ]
+
+
 # TensorFlow must know the op before it imports a graph that uses it (see register_native_op).
 register_native_op()
+register_vectorized(NATIVE_OP_NAME, _vectorized)

@@ -62,6 +62,12 @@ Running rewritten graphs (``tf_amp.runtime``)
     ``fit`` loop carries its outputs as an Optional made empty before the step is traced, as
     Keras's own loop does.
 
+The native op (``tf_amp.ops``)
+  * ``parallel_for.pfor`` (``RegisterPFor``, ``wrap``, ``ConversionNotImplementedError``; see
+    :func:`register_vectorized`) -- how ``tf.vectorized_map`` converts the op: per-example
+    gradients under the environment's loss scaling run it inside the mapped function, and
+    without a converter pfor ran it one example at a time in a ``while_loop`` (and warned).
+
 Loss scaling for unmodified scripts (``tf_amp.runtime.auto_loss_scale*``)
   * ``record.could_possibly_record`` -- whether a ``GradientTape.gradient`` call is itself being
     recorded (its result may be differentiated again, and the fused unscale op has no gradient).
@@ -251,6 +257,26 @@ def function_attributes(concrete: Any) -> dict[str, Any]:
     return dict(getattr(concrete, "_attrs", None) or {})
 
 
+def register_vectorized(op_name: str, convert: Any) -> None:
+    """Registers ``convert(inputs, loop_length) -> [(tensor, stacked)]`` as pfor's conversion
+    of ``op_name``: ``inputs`` are ``(tensor, stacked)`` pairs, a stacked one carrying the
+    loop's iterations in its first dimension. ``convert`` raises ``NotImplementedError`` for
+    what it cannot vectorize, and pfor then runs the op in a ``while_loop``, as without it."""
+    from tensorflow.python.ops.parallel_for import pfor
+
+    def converter(pfor_input: Any) -> list[Any]:
+        if any(wrapped.is_sparse_stacked for wrapped in pfor_input.inputs):
+            raise pfor.ConversionNotImplementedError(f"{op_name}: sparse stacked input")
+        inputs = [(wrapped.t, wrapped.is_stacked) for wrapped in pfor_input.inputs]
+        try:
+            outputs = convert(inputs, pfor_input.pfor.loop_len_vector[0])
+        except NotImplementedError as error:
+            raise pfor.ConversionNotImplementedError(str(error)) from None
+        return [pfor.wrap(tensor, stacked) for tensor, stacked in outputs]
+
+    pfor.RegisterPFor(op_name)(converter)
+
+
 def in_a_replica_thread() -> bool:
     """Whether this thread is one MirroredStrategy runs a replica of a function in
     (``mirrored_run._MirroredReplicaThread``, private: its threads are not marked otherwise)."""
@@ -358,6 +384,7 @@ __all__ = [
     "_pywrap_events_writer",
     "_pywrap_util_port",
     "in_a_replica_thread",
+    "register_vectorized",
     "all_saveable_objects",
     "canonicalize_function_inputs",
     "control_flow_util",
