@@ -213,12 +213,9 @@ def _vectorized(
     *grads, (scale, scale_stacked) = inputs
     if scale_stacked:
         raise NotImplementedError(f"{NATIVE_OP_NAME}: a scale that differs per iteration")
-    module, _ = _load_native_module()
-    values = [tensor for tensor, _ in grads]
-    if module is not None and not in_xla_context():
-        unscaled, _ = module.tf_amp_unscale_and_check_finite(values, scale)
-    else:
-        unscaled, _ = _fallback(values, scale)
+    # The op itself, on the stacked tensors: unscaling is elementwise. Its one flag covers
+    # every iteration; each iteration's own is taken below.
+    unscaled, _ = unscale_and_check_finite([tensor for tensor, _ in grads], scale)
     flags = [tf.fill([loop_length], True)]
     for value, (_, stacked) in zip(unscaled, grads, strict=True):
         finite = tf.math.is_finite(value)

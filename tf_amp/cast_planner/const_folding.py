@@ -15,6 +15,7 @@ import numpy as np
 
 from tf_amp.painter import ALLOW_C, Painting
 from tf_amp.painter.half_range import (
+    CONST_OPS,
     beyond_range,
     float32_values,
     half_numpy_dtype,
@@ -24,7 +25,6 @@ from tf_amp.painter.half_range import (
 from tf_amp.painter.reasons import Block
 from tf_amp.type_attrs import DT_FLOAT, BodyView
 
-CONST_OPS: frozenset[str] = frozenset({"Const", "HostConst"})
 # Ops that add a constant to a value: a sentinel beyond range must leave room there. (The
 # painter keeps float32 every reader of such a constant but the sentinel readers:
 # ``tf_amp.painter.half_range.SENTINEL_READERS``.)

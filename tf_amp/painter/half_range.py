@@ -49,7 +49,7 @@ SENTINEL_READERS: frozenset[str] = frozenset({
     "Add", "AddV2", "Sub", "BiasAdd", "AddN", "Select", "SelectV2", "Minimum", "Maximum",
     "ClipByValue", "Less", "LessEqual", "Greater", "GreaterEqual", "Equal", "NotEqual",
 })
-_CONST_OPS = frozenset({"Const", "HostConst"})
+CONST_OPS: frozenset[str] = frozenset({"Const", "HostConst"})
 _DIVISIONS = frozenset({"RealDiv", "Div", "DivNoNan"})
 # Ops that only pass a value on (spread, reshaped): their readers decide.
 _PASSING_ON = frozenset({
@@ -98,7 +98,7 @@ def _extreme_constants(view: Any, half: Any) -> dict[int, np.ndarray]:
     smallest = 1 / largest if any(op in _DIVISIONS for op in view.ops) else 0.0
     found = {}
     for n in range(view.num_real):
-        if view.ops[n] not in _CONST_OPS:
+        if view.ops[n] not in CONST_OPS:
             continue
         tensor = view.protos[n].attr["value"].tensor
         if tensor.dtype != DT_FLOAT:
