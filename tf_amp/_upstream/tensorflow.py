@@ -69,6 +69,11 @@ The native op (``tf_amp.ops``)
     without a converter pfor ran it one example at a time in a ``while_loop`` (and warned).
 
 Loss scaling for unmodified scripts (``tf_amp.runtime.auto_loss_scale*``)
+  * ``Operation._update_input`` (see :func:`point_input_at`) -- a custom-loop gradient call
+    is traced with scale 1 and starts using the loss scale only when an ``apply`` built later
+    in the same trace takes its gradients (:mod:`tf_amp.runtime.auto_loss_scale`): the graph
+    is still being built, and no public API changes an op's input (TensorFlow's own
+    ``cond_v2`` and ``while_v2`` use this one the same way).
   * ``record.could_possibly_record`` -- whether a ``GradientTape.gradient`` call is itself being
     recorded (its result may be differentiated again, and the fused unscale op has no gradient).
   * ``variables._all_saveable_objects`` -- what a ``Saver`` built without ``var_list`` saves,
@@ -277,6 +282,12 @@ def register_vectorized(op_name: str, convert: Any) -> None:
     pfor.RegisterPFor(op_name)(converter)
 
 
+def point_input_at(op: Any, index: int, tensor: Any) -> None:
+    """Makes input ``index`` of ``op``, an op of a graph still being built, read ``tensor``
+    (of the same graph) instead: ``Operation._update_input``."""
+    op._update_input(index, tensor)  # noqa: SLF001
+
+
 def in_a_replica_thread() -> bool:
     """Whether this thread is one MirroredStrategy runs a replica of a function in
     (``mirrored_run._MirroredReplicaThread``, private: its threads are not marked otherwise)."""
@@ -384,6 +395,7 @@ __all__ = [
     "_pywrap_events_writer",
     "_pywrap_util_port",
     "in_a_replica_thread",
+    "point_input_at",
     "register_vectorized",
     "all_saveable_objects",
     "canonicalize_function_inputs",

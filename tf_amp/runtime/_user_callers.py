@@ -45,6 +45,27 @@ def is_user_caller(depth: int = 2) -> bool:
     return False
 
 
+def user_call_site(depth: int = 2, frames: int = 8) -> tuple[tuple[str, int], ...]:
+    """Where user code made the call ``depth`` frames up: ``(file, line)`` of each user frame
+    above it (TF/Keras/tf_amp and AutoGraph frames skipped), innermost first, up to
+    ``frames`` of them.
+
+    The environment's eager custom loops learn per call site whether an ``apply`` takes the
+    gradients a ``tape.gradient`` call there returns. The lines of the callers count too: a
+    helper that computes gradients may be called for an update (applied) and for something
+    else (Sharpness-Aware Minimization's perturbation) from two lines of one step."""
+    from tf_amp._upstream.tensorflow import AUTOGRAPH_MODULE
+
+    site: list[tuple[str, int]] = []
+    frame = sys._getframe(depth)  # noqa: SLF001
+    while frame is not None and len(site) < frames:
+        module = frame.f_globals.get("__name__", "") or ""
+        if not module.startswith(AUTOGRAPH_MODULE) and module.split(".")[0] not in LIBRARY_MODULES:
+            site.append((frame.f_code.co_filename, frame.f_lineno))
+        frame = frame.f_back
+    return tuple(site)
+
+
 _KERAS_TRAINER_MODULE = "keras.src.backend.tensorflow.trainer"
 
 

@@ -16,12 +16,19 @@ An unmodified script does not call ``scale_loss``. Three shapes of script are co
   ``tf_amp.loss_scale``'s dynamic policy, through the same code as ``tf_amp.LossScaleOptimizer``.
   A skipped step changes no weight, slot or ``iterations``.
 
-  Scaled only when the sources include a variable: gradients of tensors only (a saliency
-  map, an adversarial input, forces as ``-dE/dx``) are no step a skip could hold back, and
-  scaled, an overflow came back inf on every call. Real float gradients go through the fused
-  op, complex ones are divided and checked apart, integer parts pass as they are. Once any
-  call was scaled, an ``apply`` with no flag to take checks the gradients it is given: a
-  flag left in a ``tf.map_fn`` body or in another ``tf.function`` cannot reach it.
+  Scaled only when the sources include a variable and an ``apply`` takes the gradients:
+  only an apply can skip a step that overflowed. Gradients of tensors only (a saliency map,
+  an adversarial input, forces as ``-dE/dx``), and gradients that update the weights any
+  other way (``w.assign_sub(lr * g)``, Sharpness-Aware Minimization's perturbation) got an
+  overflow at 2**15 to the weights or the caller as inf. Nothing at the call says where its
+  gradients go, so a traced call starts at scale 1 and is switched to the loss scale when an
+  ``apply`` later in the trace is given gradients computed from its own (found by walking
+  the graph back); an eager call is scaled once an apply took an earlier call's gradients
+  from the same line (:func:`_scale_of_a_new_call`). Real float gradients go through the
+  fused op, complex ones are divided and checked apart, integer parts pass as they are. Once
+  any call went through this path, an ``apply`` with no call to take a flag from checks the
+  gradients it is given: a call in a ``tf.map_fn`` body or in another ``tf.function`` stays
+  unscaled, but a forward pass that overflowed still gives inf there.
 
   Not scaled: the loss a loss-scale wrapper scaled (``scale_loss`` / ``get_scaled_loss`` of
   tf_amp's, Keras 3's or tf_keras's wrapper): the script scales already, and that wrapper's
@@ -31,11 +38,11 @@ An unmodified script does not call ``scale_loss``. Three shapes of script are co
   unscale op has no gradient; such a call is computed exactly as without tf_amp. The
   outermost ``gradient`` call is the scaled one.
 
-  Finite flags: each scaled call leaves one, per graph (held weakly: it goes with its graph). An
-  ``apply`` takes the flags of the calls that returned the gradients it is given (the latest
-  one when they were transformed in between, e.g. clipped) and drops every older flag, so a
-  GAN's two gradient calls then two applies each get their own flag and no stale flag reaches a
-  later step.
+  Finite flags: each call leaves one, per graph and thread (held weakly: it goes with its
+  graph). An ``apply`` takes the flags of the calls its gradients are computed from (eager:
+  the calls that returned them, else the latest one, from which they were clipped) and
+  drops every older call, which stays unscaled, so a GAN's two gradient calls then two
+  applies each get their own flag and no stale flag reaches a later step.
 
 The scale of the custom-loop path lives in non-trainable variables named
 ``tf_amp_auto_loss_scale/*``, created on first use outside any function, and tracked by every
@@ -53,16 +60,16 @@ Checkpointing limits (no clean way exists in these cases):
   optimizer on this path under it (a GAN's two optimizers checkpoint the same variables,
   which ``tf.train.Checkpoint`` saves once). A variable made under one strategy cannot serve
   another: a loop under a second strategy starts from the initial scale.
-* Eager (no ``tf.function``) custom loop restored before its first step: the first
-  ``tape.gradient`` runs before the optimizer is known, so that one step is scaled by the
-  initial scale; its ``apply`` then attaches and restores, and the schedule continues from the
-  restored state. Inside a ``tf.function`` the restore happens while tracing, before the step
-  runs, so the first step already uses the restored scale.
+* Eager (no ``tf.function``) custom loop restored before its first step: the first step from
+  each line is unscaled (see above); its ``apply`` then attaches and restores, and the
+  schedule continues from the restored state. Inside a ``tf.function`` the restore happens
+  while tracing, before the step runs, so the first step already uses the restored scale.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import threading
 import weakref
@@ -73,6 +80,7 @@ import tensorflow as tf
 
 from tf_amp._say_once import say_once
 from tf_amp._upstream import tensorflow as upstream_tf
+from tf_amp.runtime._user_callers import user_call_site
 
 _LOG = logging.getLogger("tf_amp")
 _LOCK = threading.Lock()
@@ -92,6 +100,9 @@ _STATE: dict[str, Any] = {
     # Whether any gradient call was scaled: from then on an apply with no flag to take checks
     # the gradients it is given (see take_finite_flag).
     "scaled_any": False,
+    # Eager: the user's lines whose tape.gradient calls are scaled (an apply took the
+    # gradients of a call made there).
+    "eager_sites": set(),
 }
 _STATE_KEY = "_tf_amp_auto_loss_scale"  # a strategy's state, in its __dict__
 _MAX_PENDING = 16  # flags kept per graph (eager: gradient calls that no apply follows)
@@ -106,6 +117,7 @@ def reset() -> None:
         _STATE["policy"] = None
         _STATE["pending"] = weakref.WeakKeyDictionary()
         _STATE["scaled_any"] = False
+        _STATE["eager_sites"] = set()
 
 
 def _policy() -> Any:
@@ -238,21 +250,44 @@ def _recorded_by_a_tape(tape: Any) -> bool:
     return upstream_tf.could_possibly_record()
 
 
-def _threads() -> dict[int, list[tuple[list[Any], Any]]]:
-    """This graph's pending flags, per thread (made empty on first use)."""
+@dataclasses.dataclass(eq=False)
+class _Call:
+    """A ``tape.gradient`` call that went through the custom-loop path, waiting for the
+    ``apply`` of its gradients.
+
+    Graph mode: traced with scale 1, through ``selector`` (an Identity of the constant 1);
+    :func:`_consume` points ``selector`` at ``scale_read`` (the loss scale, read in the call's
+    graph) when an ``apply`` built later in the same trace takes gradients computed from the
+    call's. Eager: ``site`` is the user's line that made the call; it is scaled once an
+    ``apply`` took the gradients of an earlier call from there (the same line, called
+    through the same lines of its callers).
+    """
+
+    gradients: list[Any]
+    finite: Any
+    site: tuple[tuple[str, int], ...] = ()
+    selector: Any = None  # graph mode: the Identity op the scale goes through
+    scale_read: Any = None  # graph mode: the loss scale, read in the call's graph
+    consumed: bool = False
+
+
+def _threads() -> dict[int, list[_Call]]:
+    """This graph's pending calls, per thread (made empty on first use)."""
     return _STATE["pending"].setdefault(_graph_key(), {})
 
 
-def _pending() -> bool:
-    """Whether an ``apply`` here has a flag to take: this thread's, or, outside a replica,
-    any replica thread's (gradients computed in ``strategy.run``, reduced and applied outside
-    it)."""
-    threads = _STATE["pending"].get(_graph_key())
-    if not threads:
-        return False
-    if threads.get(threading.get_ident()):
-        return True
-    return _outside_replicas() and any(threads.values())
+def _graphs_being_built() -> list[Any]:
+    """The keys whose pending calls an ``apply`` here may take: eager's; or this graph's and
+    those of the graphs it is nested in (a ``tf.cond`` branch or loop body applying gradients
+    computed outside it), all still being built."""
+    if tf.executing_eagerly():
+        return [_EAGER]
+    graphs = []
+    graph = tf.compat.v1.get_default_graph()
+    while graph is not None and graph not in graphs:
+        graphs.append(graph)
+        graph = getattr(graph, "outer_graph", None)
+    return graphs
 
 
 def _outside_replicas() -> bool:
@@ -260,44 +295,141 @@ def _outside_replicas() -> bool:
     return not tf.distribute.has_strategy() or tf.distribute.in_cross_replica_context()
 
 
-def _leave_pending(gradients: list[Any], finite: Any) -> None:
+def _leave_pending(call: _Call) -> None:
     threads = _threads()
     entries = threads.setdefault(threading.get_ident(), [])
-    entries.append((gradients, finite))
+    entries.append(call)
     del entries[:-_MAX_PENDING]
     if len(threads) > _MAX_PENDING:  # threads that never applied (a reused id inherits none)
         for stale in list(threads)[: len(threads) - _MAX_PENDING]:
             del threads[stale]
 
 
-def _take_pending(grads: list[Any]) -> Any:
-    """The finite flag for an ``apply`` of ``grads`` (None when no scaled call left one).
+def _consume(call: _Call) -> None:
+    """Loss-scales ``call`` from now on: an ``apply`` checks the flag of its gradients.
 
-    This thread's flags: those left with ``grads``. When ``grads`` are none of the tensors a
-    call returned (summed over micro-batches, clipped, averaged over a ``vectorized_map``),
-    whether they are all finite: the latest call's flag alone let an overflow of an earlier
-    micro-batch, or of a GAN's other tape, reach the weights as NaN. With no flag in this
-    thread, outside the replicas: every replica thread's flags, ANDed, since the gradients
-    applied there were reduced from all of them.
+    Graph mode: its scale, 1 until now, becomes the loss scale (its graph is still being
+    built: it is this apply's graph or one this apply's graph is nested in). Eager: later
+    calls from the same line are scaled."""
+    if call.consumed:
+        return
+    call.consumed = True
+    if call.selector is None:
+        _STATE["eager_sites"].add(call.site)
+    else:
+        upstream_tf.point_input_at(call.selector, 0, call.scale_read)
+
+
+def _take_pending(grads: list[Any], consume: bool = True) -> Any:
+    """The finite flag for an ``apply`` of ``grads`` (None when no call left one here), and
+    with ``consume``, loss scaling from now on for the calls the flag comes from.
+
+    This thread's calls, in this graph and the graphs it is nested in: those ``grads`` are
+    computed from (graph mode: found by walking the graph back from ``grads``; eager: the
+    calls that returned them, else the latest one, from which they were clipped or
+    combined). The flag is theirs, ANDed; where none is found (gradients combined in a
+    ``vectorized_map``) whether ``grads`` are all finite. With no call in this thread,
+    outside the replicas: every replica thread's calls, whose gradients were reduced into
+    ``grads``. Every call older than the latest taken is dropped: its gradients did not
+    reach this apply, and it stays unscaled (a manual update, Sharpness-Aware Minimization's
+    first gradient): an overflow there had no step to skip.
     """
-    threads = _STATE["pending"].get(_graph_key())
-    if not threads:
+    lists = [
+        threads
+        for key in _graphs_being_built()
+        if (threads := _STATE["pending"].get(key))
+    ]
+    if not lists:
         return None
     me = threading.get_ident()
-    entries = threads.get(me)
-    if not entries:
+    mine = [(threads, threads[me]) for threads in lists if threads.get(me)]
+    if not mine:
         if not _outside_replicas():
             return None
-        flags = [finite for listed in threads.values() for _, finite in listed]
-        threads.clear()
-        return _all_of(flags)
-    given = {id(g) for g in grads if g is not None}
-    chosen = [i for i, (ts, _) in enumerate(entries) if any(id(t) in given for t in ts)]
-    flag = _all_of([entries[i][1] for i in chosen]) if chosen else _all_finite(grads)
-    del entries[: (chosen[-1] if chosen else len(entries) - 1) + 1]
-    if not entries:  # a replica's thread ends with its step: leave no list behind for it
-        del threads[me]
+        calls = [call for threads in lists for listed in threads.values() for call in listed]
+        for threads in lists:
+            threads.clear()
+        if consume:
+            for call in calls:
+                _consume(call)
+        return _all_of([call.finite for call in calls])
+    calls = [call for _, entries in mine for call in entries]
+    taken = _calls_reaching(grads, calls)
+    if taken:
+        flag = _all_of([c.finite for c in calls if id(c) in taken])
+    else:
+        flag = _all_finite(grads)
+        if tf.executing_eagerly():  # no graph to walk: transformed from the latest call's
+            taken = {id(calls[-1])}
+    for threads, entries in mine:
+        last = max((i for i, c in enumerate(entries) if id(c) in taken), default=len(entries) - 1)
+        if consume:
+            for call in entries[: last + 1]:
+                if id(call) in taken:
+                    _consume(call)
+        del entries[: last + 1]
+        if not entries:  # a replica's thread ends with its step: leave no list behind for it
+            del threads[me]
     return flag
+
+
+def _calls_reaching(grads: list[Any], calls: list[_Call]) -> set[int]:
+    """``id``s of the ``calls`` whose gradients ``grads`` are computed from.
+
+    Eager: the calls that returned tensors of ``grads`` themselves. Graph mode: the calls
+    found walking back from ``grads`` along data inputs (not control inputs: a read ordered
+    after an update of the weights is not computed from the update's gradients), across the
+    captures of the function graphs being built; the walk stops at each call's gradients."""
+    if tf.executing_eagerly():
+        given = {id(g) for g in grads if g is not None}
+        return {id(c) for c in calls if any(id(t) in given for t in c.gradients)}
+    wanted = {
+        _tensor_key(t): id(call)
+        for call in calls
+        for t in tf.nest.flatten(call.gradients, expand_composites=True)
+    }
+    reached: set[int] = set()
+    external_of: dict[Any, dict[Any, Any]] = {}
+    stack = [t for t in tf.nest.flatten(grads, expand_composites=True) if _symbolic(t)]
+    seen = set()
+    while stack and len(reached) < len(calls):
+        tensor = stack.pop()
+        key = _tensor_key(tensor)
+        if key in seen:
+            continue
+        seen.add(key)
+        if key in wanted:
+            reached.add(wanted[key])
+            continue
+        external = _captured_from(tensor, external_of)
+        if external is not None:
+            if _symbolic(external):
+                stack.append(external)
+            continue
+        stack.extend(tensor.op.inputs)
+    return reached
+
+
+def _symbolic(value: Any) -> bool:
+    return isinstance(value, tf.Tensor) and tf.is_symbolic_tensor(value)
+
+
+def _tensor_key(tensor: Any) -> tuple[int, str, int]:
+    return id(tensor.graph), tensor.op.name, tensor.value_index
+
+
+def _captured_from(tensor: Any, external_of: dict[Any, dict[Any, Any]]) -> Any:
+    """The outer tensor that ``tensor``, a function graph's placeholder, captures; else None."""
+    if tensor.op.type != "Placeholder":
+        return None
+    graph = tensor.graph
+    if graph not in external_of:
+        external_of[graph] = {
+            _tensor_key(internal): external
+            for external, internal in getattr(graph, "captures", ())
+            if _symbolic(internal)
+        }
+    return external_of[graph].get(_tensor_key(tensor))
 
 
 def _all_of(flags: list[Any]) -> Any:
@@ -309,19 +441,18 @@ def _all_of(flags: list[Any]) -> Any:
 # --- tf_keras hook: the hand-off that tf_keras optimizers' patched apply_gradients uses
 # (runtime/tf_keras_env.py); the same flags and policy as Keras 3's apply patch below.
 def take_finite_flag(grads: list[Any]) -> Any:
-    """The finite flag for an ``apply`` of ``grads``: the flags scaled ``tape.gradient`` calls
-    left with them in this graph (whether ``grads`` are all finite when they were combined or
-    transformed in between: :func:`_take_pending`), else, once any call was scaled, whether
-    ``grads`` are all finite; None before any call was scaled."""
-    if _pending():
-        return _take_pending(list(grads))
+    """The finite flag for an ``apply`` of ``grads``: the flags of the gradient calls that
+    ``grads`` come from, which are loss-scaled from then on (:func:`_take_pending`); else,
+    once any call went through this path, whether ``grads`` are all finite; None before."""
     if not _STATE["scaled_any"]:
         return None
-    # Gradients scaled where their flag cannot reach this apply: in a tf.map_fn or loop body
+    grads = list(grads)
+    flag = _take_pending(grads)
+    # Gradients whose call this apply cannot see: made in a tf.map_fn or loop body
     # (per-example gradients), or in another tf.function (accumulated over micro-batches in
-    # variables, applied later). An overflow is still inf or NaN in them; unchecked, it was
-    # applied, and the scale never moved down: NaN weights for good.
-    return _all_finite(list(grads))
+    # variables, applied later). Those calls stay unscaled, but a forward pass that
+    # overflowed float16 still gives inf or NaN: applied, it was NaN weights for good.
+    return flag if flag is not None else _all_finite(grads)
 
 
 def _all_finite(grads: list[Any]) -> tf.Tensor:
@@ -359,19 +490,41 @@ def gradient_patch(
             or _scaled_by_a_wrapper(target)
         ):
             return original(self, target, sources, output_gradients, unconnected_gradients)
-        scale = current_state().scale
+        scale, call = _scale_of_a_new_call()
         # A float16 loss with scale >= 65520 seeds inf: that step is skipped and the scale
         # halves. Multiplying in float32 would not help: the gradient of the float16 loss
         # itself (the backward Cast) is that same scale in float16.
         seed = tf.cast(scale, target.dtype) * _one_output_gradient(target, output_gradients)
         grads = original(self, target, sources, seed, unconnected_gradients)
         unscaled, finite = _unscaled(grads, scale)
-        _leave_pending([g for g in tf.nest.flatten(unscaled) if g is not None], finite)
+        call.gradients = [g for g in tf.nest.flatten(unscaled) if g is not None]
+        call.finite = finite
+        _leave_pending(call)
         _STATE["scaled_any"] = True
         return unscaled
 
     gradient.__wrapped__ = original  # type: ignore[attr-defined]
     return gradient
+
+
+def _scale_of_a_new_call() -> tuple[tf.Tensor, _Call]:
+    """The scale a new gradient call uses, and its :class:`_Call`.
+
+    Only gradients that an optimizer's ``apply`` checks may be scaled: a call whose gradients
+    update the weights any other way (``w.assign_sub(lr * g)``, Sharpness-Aware
+    Minimization's first step) has no step to skip, and an overflow at 2**15 reached the
+    weights as inf. Nothing at the call says where its gradients go, so the scale starts at
+    1: a traced call goes through an Identity that :func:`_consume` points at the loss scale
+    when an ``apply`` later in the trace takes its gradients; an eager call is scaled when
+    an ``apply`` took the gradients of an earlier call from the same line."""
+    if tf.executing_eagerly():
+        site = user_call_site(depth=3)
+        if site in _STATE["eager_sites"]:
+            return current_state().scale, _Call([], None, site=site, consumed=True)
+        return tf.constant(1.0), _Call([], None, site=site)
+    scale_read = state_variables()[0].read_value()
+    selector = tf.identity(tf.constant(1.0), name="tf_amp_call_scale")
+    return selector, _Call([], None, selector=selector.op, scale_read=scale_read)
 
 
 def _has_a_variable(sources: Any) -> bool:
@@ -456,15 +609,12 @@ def keras_apply_patch(original: Callable[..., Any]) -> Callable[..., Any]:
 
     def apply(self: Any, grads: Any, trainable_variables: Any = None) -> Any:
         if is_tf_amp_wrapper(self):  # it scaled and checks its own; flags left here are spent
-            if _pending():
+            if _STATE["scaled_any"]:
                 grads = list(grads)
-                _take_pending(grads)
+                _take_pending(grads, consume=False)
             return original(self, grads, trainable_variables)
-        if _pending() or _STATE["scaled_any"]:
-            grads = list(grads)
-            finite = take_finite_flag(grads)
-        else:
-            finite = None
+        grads = list(grads)
+        finite = take_finite_flag(grads)
         if finite is None:
             return original(self, grads, trainable_variables)
         attach_state(self)
