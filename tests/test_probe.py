@@ -215,6 +215,18 @@ def test_a_signature_is_timed_once_per_process() -> None:
     ]
 
 
+def test_a_probe_that_asks_for_more_repeats_measures_again() -> None:
+    """The once-per-process figures were keyed without the repeats: a 5-repeat figure answered
+    a probe asking for 20, which then said nothing more precise. A figure answers requests
+    for as many repeats as it was measured with, or fewer."""
+    graph_def = step_graph()
+    few = probe.probe_graph(graph_def, "bfloat16", categories(graph_def), repeats=1)
+    more = probe.probe_graph(graph_def, "bfloat16", categories(graph_def), repeats=2)
+    fewer_again = probe.probe_graph(graph_def, "bfloat16", categories(graph_def), repeats=1)
+    assert [t.float32_s for t in more] != [t.float32_s for t in few]
+    assert [t.float32_s for t in fewer_again] == [t.float32_s for t in more]
+
+
 def test_an_allow_op_that_loses_only_noise_is_painted() -> None:
     timing = probe.OpTiming(probe.Signature("MatMul", ((8, 8),), b""), ("m",), 4e-6, 9e-6,
                             "allow")

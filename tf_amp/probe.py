@@ -68,7 +68,9 @@ Timer = Callable[["Signature", str], float]
 # (signature, target) -> (float32, target) seconds, measured once per process: a graph that
 # grows (each new op of a ``tf_amp.Session``'s graph rewrites it again) re-times only what is
 # new, and one op gets one decision in every graph of the process, not one per noisy probe.
-_MEASURED: dict[tuple[Signature, str], tuple[float, float]] = {}
+# Kept with the repeats it was measured with: a probe asking for more measures again (a
+# 5-repeat figure answered a 20-repeat probe, which then said nothing new).
+_MEASURED: dict[tuple[Signature, str], tuple[float, float, int]] = {}
 
 
 @dataclass(frozen=True)
@@ -192,12 +194,12 @@ def probe_graph(
             continue
         if timer is not None:
             f32, reduced = timer(signature, "float32"), timer(signature, target_dtype)
-        elif (signature, target_dtype) in _MEASURED:
-            f32, reduced = _MEASURED[signature, target_dtype]
+        elif _MEASURED.get((signature, target_dtype), (0, 0, 0))[2] >= repeats:
+            f32, reduced, _ = _MEASURED[signature, target_dtype]
         else:
             try:
                 f32, reduced = _measure(members[0], target_dtype, turns, repeats)
-                _MEASURED[signature, target_dtype] = f32, reduced
+                _MEASURED[signature, target_dtype] = f32, reduced, repeats
             except (ValueError, TypeError, tf.errors.OpError) as error:
                 # No kernel for a type, an OpDef that does not allow it: this op is left to
                 # the lists (and the rewrite's kernel check); the others are still timed.
