@@ -396,6 +396,23 @@ def _log_checked(y: tf.Tensor) -> tf.Tensor:
     return tf.debugging.check_numerics(tf.math.log(y), "log went NaN")
 
 
+def test_frame_hiding_is_reused_and_nests() -> None:
+    """Entering the filter copied tf_amp's 108 file names into TensorFlow's C++ set on every
+    call of a tf_amp.function (21 us of a ~270 us call): one filter per thread is reused
+    now. Nested (a trace inside a trace) it must still be a filter of its own, or it would
+    be its own parent (recursion without end)."""
+    from tf_amp._upstream import tensorflow as upstream_tf
+
+    files = frozenset({"/nowhere/a.py"})
+    first = upstream_tf.hiding_frames_of(files)
+    with first:
+        inner = upstream_tf.hiding_frames_of(files)
+        assert inner is not first
+        with inner:
+            assert inner.get_filtered_filenames() >= files
+    assert upstream_tf.hiding_frames_of(files) is first
+
+
 def test_a_runtime_error_quotes_the_users_lines_as_tf_function_does() -> None:
     """The rebuilt graph's ops were imported, so they had no creation stack: every error said
     "<stack traces unavailable>"."""
