@@ -74,6 +74,9 @@ Loss scaling for unmodified scripts (``tf_amp.runtime.auto_loss_scale*``)
     in the same trace takes its gradients (:mod:`tf_amp.runtime.auto_loss_scale`): the graph
     is still being built, and no public API changes an op's input (TensorFlow's own
     ``cond_v2`` and ``while_v2`` use this one the same way).
+  * ``Graph._get_function`` (see :func:`function_graph`) -- the graph of a loop body, branch
+    or nested function that an op runs: gradients computed there and applied after it are
+    the call's to scale. No public API maps a function name to its graph.
   * ``record.could_possibly_record`` -- whether a ``GradientTape.gradient`` call is itself being
     recorded (its result may be differentiated again, and the fused unscale op has no gradient).
   * ``variables._all_saveable_objects`` -- what a ``Saver`` built without ``var_list`` saves,
@@ -288,6 +291,19 @@ def point_input_at(op: Any, index: int, tensor: Any) -> None:
     op._update_input(index, tensor)  # noqa: SLF001
 
 
+def function_graph(graph: Any, name: str) -> Any:
+    """The graph of function ``name`` that ops of ``graph`` run (a loop body, a ``tf.cond``
+    branch, a nested ``tf.function``), from the function tables of ``graph`` and the graphs it
+    is nested in (``Graph._get_function``); None if none has a graph for it."""
+    while graph is not None:
+        entry = graph._get_function(name)  # noqa: SLF001
+        found = getattr(entry, "graph", None) if entry is not None else None
+        if isinstance(found, tf.Graph):
+            return found
+        graph = getattr(graph, "outer_graph", None)
+    return None
+
+
 def in_a_replica_thread() -> bool:
     """Whether this thread is one MirroredStrategy runs a replica of a function in
     (``mirrored_run._MirroredReplicaThread``, private: its threads are not marked otherwise)."""
@@ -429,6 +445,7 @@ __all__ = [
     "UnliftableError",
     "_pywrap_events_writer",
     "_pywrap_util_port",
+    "function_graph",
     "in_a_replica_thread",
     "point_input_at",
     "register_vectorized",

@@ -16,19 +16,21 @@ An unmodified script does not call ``scale_loss``. Three shapes of script are co
   ``tf_amp.loss_scale``'s dynamic policy, through the same code as ``tf_amp.LossScaleOptimizer``.
   A skipped step changes no weight, slot or ``iterations``.
 
-  Scaled only when the sources include a variable and an ``apply`` takes the gradients:
-  only an apply can skip a step that overflowed. Gradients of tensors only (a saliency map,
-  an adversarial input, forces as ``-dE/dx``), and gradients that update the weights any
-  other way (``w.assign_sub(lr * g)``, Sharpness-Aware Minimization's perturbation) got an
-  overflow at 2**15 to the weights or the caller as inf. Nothing at the call says where its
-  gradients go, so a traced call starts at scale 1 and is switched to the loss scale when an
-  ``apply`` later in the trace is given gradients computed from its own (found by walking
-  the graph back); an eager call is scaled once an apply took an earlier call's gradients
-  from the same line (:func:`_scale_of_a_new_call`). Real float gradients go through the
-  fused op, complex ones are divided and checked apart, integer parts pass as they are. Once
-  any call went through this path, an ``apply`` with no call to take a flag from checks the
-  gradients it is given: a call in a ``tf.map_fn`` body or in another ``tf.function`` stays
-  unscaled, but a forward pass that overflowed still gives inf there.
+  Scaled only when the sources include a variable, an ``apply`` takes the gradients and
+  nothing else writes state with them first: only an apply can skip a step that overflowed.
+  Gradients of tensors only (a saliency map, an adversarial input, forces as ``-dE/dx``),
+  and gradients that update variables any other way (``w.assign_sub(lr * g)``, SAM's
+  perturbation) got an overflow at 2**15 to the weights or the caller as inf. Nothing at the
+  call says where its gradients go, so a traced call starts at scale 1 and is switched to
+  the loss scale when an ``apply`` later in the trace is given gradients computed from its
+  own (:mod:`tf_amp.runtime._gradient_flow` walks the graph back, through loop bodies,
+  branches and nested functions); an eager call is scaled once an apply was given an
+  earlier call's gradients from the same line (:func:`_scale_of_a_new_call`). Real float
+  gradients go through the fused op, complex ones are divided and checked apart, integer
+  parts pass as they are. Once any call went through this path, an ``apply`` with no call
+  to take a flag from checks the gradients it is given: gradients accumulated in variables
+  or made in another ``tf.function`` stay unscaled, but a forward pass that overflowed still
+  gives inf there.
 
   Not scaled: the loss a loss-scale wrapper scaled (``scale_loss`` / ``get_scaled_loss`` of
   tf_amp's, Keras 3's or tf_keras's wrapper): the script scales already, and that wrapper's
@@ -80,6 +82,7 @@ import tensorflow as tf
 
 from tf_amp._say_once import say_once
 from tf_amp._upstream import tensorflow as upstream_tf
+from tf_amp.runtime import _gradient_flow
 from tf_amp.runtime._user_callers import user_call_site
 
 _LOG = logging.getLogger("tf_amp")
@@ -105,7 +108,8 @@ _STATE: dict[str, Any] = {
     "eager_sites": set(),
 }
 _STATE_KEY = "_tf_amp_auto_loss_scale"  # a strategy's state, in its __dict__
-_MAX_PENDING = 16  # flags kept per graph (eager: gradient calls that no apply follows)
+_MAX_PENDING = 16  # eager calls kept per thread (each holds its gradients), and threads
+_MAX_TRACED_PENDING = 4096  # traced calls kept per graph and thread (symbolic: cheap)
 
 
 def reset() -> None:
@@ -255,20 +259,23 @@ class _Call:
     """A ``tape.gradient`` call that went through the custom-loop path, waiting for the
     ``apply`` of its gradients.
 
-    Graph mode: traced with scale 1, through ``selector`` (an Identity of the constant 1);
-    :func:`_consume` points ``selector`` at ``scale_read`` (the loss scale, read in the call's
-    graph) when an ``apply`` built later in the same trace takes gradients computed from the
-    call's. Eager: ``site`` is the user's line that made the call; it is scaled once an
-    ``apply`` took the gradients of an earlier call from there (the same line, called
-    through the same lines of its callers).
+    Graph mode: traced with scale 1, through ``selector`` (an Identity of the constant 1, in
+    the outermost function graph being built, so that it is still being built when an apply
+    after a loop or a branch holding the call takes its gradients); :func:`_consume` points
+    ``selector`` at ``scale_read`` (the loss scale) when an ``apply`` built later in the same
+    trace takes gradients computed from the call's, and nothing else writes state with them.
+    Eager: ``site`` is the user's line that made the call; it is scaled once an ``apply``
+    took the gradients of an earlier call from there (the same line, called through the same
+    lines of its callers).
     """
 
     gradients: list[Any]
     finite: Any
     site: tuple[tuple[str, int], ...] = ()
     selector: Any = None  # graph mode: the Identity op the scale goes through
-    scale_read: Any = None  # graph mode: the loss scale, read in the call's graph
+    scale_read: Any = None  # graph mode: the loss scale, read beside the selector
     consumed: bool = False
+    key: Any = None  # the pending lists it is in: its graph's, or eager's
 
 
 def _threads() -> dict[int, list[_Call]]:
@@ -296,10 +303,19 @@ def _outside_replicas() -> bool:
 
 
 def _leave_pending(call: _Call) -> None:
+    """Keeps ``call`` for the apply of its gradients. Graph mode: as many as a trace makes
+    (20 micro-batches unrolled in a Python loop each wait for the one apply); they go with
+    their graph. Eager: one per line (a call supersedes the last one from its line, never
+    applied, say logged), at most :data:`_MAX_PENDING`, since each holds its gradients."""
+    call.key = _graph_key()
     threads = _threads()
     entries = threads.setdefault(threading.get_ident(), [])
+    if call.selector is None:
+        entries[:] = [c for c in entries if c.site != call.site]
+        del entries[:-(_MAX_PENDING - 1)]
+    else:
+        del entries[:-(_MAX_TRACED_PENDING - 1)]
     entries.append(call)
-    del entries[:-_MAX_PENDING]
     if len(threads) > _MAX_PENDING:  # threads that never applied (a reused id inherits none)
         for stale in list(threads)[: len(threads) - _MAX_PENDING]:
             del threads[stale]
@@ -308,44 +324,39 @@ def _leave_pending(call: _Call) -> None:
 def _consume(call: _Call) -> None:
     """Loss-scales ``call`` from now on: an ``apply`` checks the flag of its gradients.
 
-    Graph mode: its scale, 1 until now, becomes the loss scale (its graph is still being
-    built: it is this apply's graph or one this apply's graph is nested in). Eager: later
-    calls from the same line are scaled."""
+    Graph mode: its scale, 1 until now, becomes the loss scale, unless its gradients already
+    feed a state update (GSAM's perturbation, combined into the applied gradients too): an
+    overflow there has no step to skip. Eager: later calls from the same line are scaled."""
     if call.consumed:
         return
-    call.consumed = True
     if call.selector is None:
+        call.consumed = True
         _STATE["eager_sites"].add(call.site)
-    else:
-        upstream_tf.point_input_at(call.selector, 0, call.scale_read)
+        return
+    if call.selector.graph not in _graphs_being_built():
+        return  # built in a graph already finished (cannot happen: kept for safety)
+    if _gradient_flow.writes_state(tf.nest.flatten(call.gradients, expand_composites=True)):
+        return
+    call.consumed = True
+    upstream_tf.point_input_at(call.selector, 0, call.scale_read)
 
 
 def _take_pending(grads: list[Any], consume: bool = True) -> Any:
-    """The finite flag for an ``apply`` of ``grads`` (None when no call left one here), and
-    with ``consume``, loss scaling from now on for the calls the flag comes from.
+    """The finite flag for an ``apply`` of ``grads`` (None when no call left one), and with
+    ``consume``, loss scaling from now on for the calls ``grads`` come from.
 
-    This thread's calls, in this graph and the graphs it is nested in: those ``grads`` are
-    computed from (graph mode: found by walking the graph back from ``grads``; eager: the
-    calls that returned them, else the latest one, from which they were clipped or
-    combined). The flag is theirs, ANDed; where none is found (gradients combined in a
-    ``vectorized_map``) whether ``grads`` are all finite. With no call in this thread,
-    outside the replicas: every replica thread's calls, whose gradients were reduced into
-    ``grads``. Every call older than the latest taken is dropped: its gradients did not
-    reach this apply, and it stays unscaled (a manual update, Sharpness-Aware Minimization's
-    first gradient): an overflow there had no step to skip.
+    Eager: the calls of this thread that returned tensors of ``grads``. Gradients transformed
+    on the way (clipped) cannot be told apart from others: no call is taken, and the caller
+    checks ``grads`` themselves. Graph mode: :func:`_take_traced`. Outside the replicas, with
+    no call of this thread: every replica thread's calls, whose gradients were reduced into
+    ``grads``. Calls not taken stay, for the apply of their own gradients (a GAN's second
+    apply), and unscaled until then (a manual update, SAM's first gradient).
     """
-    lists = [
-        threads
-        for key in _graphs_being_built()
-        if (threads := _STATE["pending"].get(key))
-    ]
-    if not lists:
-        return None
+    keys = _graphs_being_built()
+    lists = [threads for key in keys if (threads := _STATE["pending"].get(key))]
     me = threading.get_ident()
-    mine = [(threads, threads[me]) for threads in lists if threads.get(me)]
-    if not mine:
-        if not _outside_replicas():
-            return None
+    mine = [entries for threads in lists if (entries := threads.get(me))]
+    if not mine and lists and _outside_replicas():
         calls = [call for threads in lists for listed in threads.values() for call in listed]
         for threads in lists:
             threads.clear()
@@ -353,83 +364,58 @@ def _take_pending(grads: list[Any], consume: bool = True) -> Any:
             for call in calls:
                 _consume(call)
         return _all_of([call.finite for call in calls])
-    calls = [call for _, entries in mine for call in entries]
-    taken = _calls_reaching(grads, calls)
-    if taken:
-        flag = _all_of([c.finite for c in calls if id(c) in taken])
-    else:
-        flag = _all_finite(grads)
-        if tf.executing_eagerly():  # no graph to walk: transformed from the latest call's
-            taken = {id(calls[-1])}
-    for threads, entries in mine:
-        last = max((i for i, c in enumerate(entries) if id(c) in taken), default=len(entries) - 1)
-        if consume:
-            for call in entries[: last + 1]:
-                if id(call) in taken:
-                    _consume(call)
-        del entries[: last + 1]
-        if not entries:  # a replica's thread ends with its step: leave no list behind for it
-            del threads[me]
-    return flag
-
-
-def _calls_reaching(grads: list[Any], calls: list[_Call]) -> set[int]:
-    """``id``s of the ``calls`` whose gradients ``grads`` are computed from.
-
-    Eager: the calls that returned tensors of ``grads`` themselves. Graph mode: the calls
-    found walking back from ``grads`` along data inputs (not control inputs: a read ordered
-    after an update of the weights is not computed from the update's gradients), across the
-    captures of the function graphs being built; the walk stops at each call's gradients."""
     if tf.executing_eagerly():
         given = {id(g) for g in grads if g is not None}
-        return {id(c) for c in calls if any(id(t) in given for t in c.gradients)}
-    wanted = {
-        _tensor_key(t): id(call)
-        for call in calls
+        taken = [c for entries in mine for c in entries
+                 if any(id(t) in given for t in c.gradients)]
+        flags = [c.finite for c in taken]
+    else:
+        taken, flags = _take_traced(grads, mine)
+    for call in taken:
+        if consume:
+            _consume(call)
+        _forget(call)
+    return _all_of(flags)
+
+
+def _take_traced(grads: list[Any], mine: list[list[_Call]]) -> tuple[list[_Call], list[Any]]:
+    """The calls ``grads`` are computed from, and the flags to AND.
+
+    Walks the graph back from ``grads`` (:func:`_gradient_flow.sources_of`): this thread's
+    calls in the graphs being built whose gradients it reaches give their flags; calls in a
+    finished graph that the walk passes through (a ``tf.range`` loop body that accumulates
+    gradients, a ``tf.cond`` branch, a nested ``tf.function`` that returns them) are taken
+    too, but their flags stay in that graph: whether ``grads`` are all finite stands in."""
+    by_key = {
+        _gradient_flow.key_of(t): call
+        for entries in mine
+        for call in entries
         for t in tf.nest.flatten(call.gradients, expand_composites=True)
     }
-    reached: set[int] = set()
-    external_of: dict[Any, dict[Any, Any]] = {}
-    stack = [t for t in tf.nest.flatten(grads, expand_composites=True) if _symbolic(t)]
-    seen = set()
-    while stack and len(reached) < len(calls):
-        tensor = stack.pop()
-        key = _tensor_key(tensor)
-        if key in seen:
-            continue
-        seen.add(key)
-        if key in wanted:
-            reached.add(wanted[key])
-            continue
-        external = _captured_from(tensor, external_of)
-        if external is not None:
-            if _symbolic(external):
-                stack.append(external)
-            continue
-        stack.extend(tensor.op.inputs)
-    return reached
+    reached, inner_graphs = _gradient_flow.sources_of(
+        tf.nest.flatten(grads, expand_composites=True), set(by_key)
+    )
+    taken = list({id(by_key[k]): by_key[k] for k in reached}.values())
+    flags = [call.finite for call in taken]
+    inner = [
+        call
+        for graph in inner_graphs
+        for listed in (_STATE["pending"].get(graph) or {}).values()
+        for call in listed
+    ]
+    if inner:
+        flags.append(_all_finite(grads))
+    return taken + inner, flags
 
 
-def _symbolic(value: Any) -> bool:
-    return isinstance(value, tf.Tensor) and tf.is_symbolic_tensor(value)
-
-
-def _tensor_key(tensor: Any) -> tuple[int, str, int]:
-    return id(tensor.graph), tensor.op.name, tensor.value_index
-
-
-def _captured_from(tensor: Any, external_of: dict[Any, dict[Any, Any]]) -> Any:
-    """The outer tensor that ``tensor``, a function graph's placeholder, captures; else None."""
-    if tensor.op.type != "Placeholder":
-        return None
-    graph = tensor.graph
-    if graph not in external_of:
-        external_of[graph] = {
-            _tensor_key(internal): external
-            for external, internal in getattr(graph, "captures", ())
-            if _symbolic(internal)
-        }
-    return external_of[graph].get(_tensor_key(tensor))
+def _forget(call: _Call) -> None:
+    """Drops a taken call from the pending lists (of its graph, any thread)."""
+    threads = _STATE["pending"].get(call.key) or {}
+    for thread, listed in list(threads.items()):
+        if call in listed:
+            listed.remove(call)
+            if not listed:
+                del threads[thread]
 
 
 def _all_of(flags: list[Any]) -> Any:
@@ -448,10 +434,9 @@ def take_finite_flag(grads: list[Any]) -> Any:
         return None
     grads = list(grads)
     flag = _take_pending(grads)
-    # Gradients whose call this apply cannot see: made in a tf.map_fn or loop body
-    # (per-example gradients), or in another tf.function (accumulated over micro-batches in
-    # variables, applied later). Those calls stay unscaled, but a forward pass that
-    # overflowed float16 still gives inf or NaN: applied, it was NaN weights for good.
+    # Gradients whose call this apply cannot see: accumulated in variables, or made in
+    # another tf.function. Those calls stay unscaled, but a forward pass that overflowed
+    # float16 still gives inf or NaN: applied, it was NaN weights for good.
     return flag if flag is not None else _all_finite(grads)
 
 
@@ -522,8 +507,14 @@ def _scale_of_a_new_call() -> tuple[tf.Tensor, _Call]:
         if site in _STATE["eager_sites"]:
             return current_state().scale, _Call([], None, site=site, consumed=True)
         return tf.constant(1.0), _Call([], None, site=site)
-    scale_read = state_variables()[0].read_value()
-    selector = tf.identity(tf.constant(1.0), name="tf_amp_call_scale")
+    functions = [g for g in _graphs_being_built() if getattr(g, "building_function", False)]
+    outermost = functions[-1] if functions else tf.compat.v1.get_default_graph()
+    # In the outermost function graph being built: a call in a loop body, a branch or a nested
+    # function captures the selector, which is then still open to repointing when the apply
+    # after that loop, branch or call is built.
+    with outermost.as_default():
+        scale_read = state_variables()[0].read_value()
+        selector = tf.identity(tf.constant(1.0), name="tf_amp_call_scale")
     return selector, _Call([], None, selector=selector.op, scale_read=scale_read)
 
 
