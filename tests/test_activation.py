@@ -502,6 +502,38 @@ def test_applied_gradients_are_scaled_wherever_they_were_computed(shape: str) ->
     np.testing.assert_allclose(got, want, rtol=2e-2)
 
 
+def test_a_training_loop_inside_one_call_backs_off_within_the_call() -> None:
+    """A ``tf.range`` training loop in one ``tf.function`` call: each step must read the scale
+    the last step's apply left. A scale read once outside the loop (where the switch that
+    turns scaling on lives) overflowed at 2**15 on every step of the call, and skipped all
+    of them."""
+    rng = np.random.default_rng(0)
+    x = tf.constant(rng.normal(size=(64, 8)).astype("float32") * 3)
+    y = tf.constant(rng.normal(size=(64, 1)).astype("float32"))
+    with activation.activated():
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16),
+                                  keras.layers.Dense(1)])
+        opt = keras.optimizers.SGD(1e-3)
+        start = [w.numpy() for w in model.trainable_variables]
+
+        @tf.function
+        def train(steps: tf.Tensor) -> None:
+            for _ in tf.range(steps):
+                with tf.GradientTape() as tape:
+                    loss = tf.reduce_mean((model(x) - y) ** 2)
+                grads = tape.gradient(loss, model.trainable_variables)
+                opt.apply(grads, model.trainable_variables)
+
+        train(tf.constant(12))
+        state = auto_loss_scale.current_state()
+    assert 0 < int(state.skipped_steps) < 12  # overflowed at first, then backed off
+    assert int(opt.iterations) == 12 - int(state.skipped_steps)
+    assert all(np.isfinite(w.numpy()).all() for w in model.trainable_variables)
+    assert any((w.numpy() != s).any() for w, s in zip(model.trainable_variables, start,
+                                                       strict=True))
+
+
 def test_gradients_combined_from_several_calls_are_checked_whole() -> None:
     """Gradients summed over two micro-batches, or two tapes' gradients clipped then applied
     by two optimizers: the apply took the latest call's flag alone (none of the tensors it

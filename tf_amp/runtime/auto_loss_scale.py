@@ -259,11 +259,12 @@ class _Call:
     """A ``tape.gradient`` call that went through the custom-loop path, waiting for the
     ``apply`` of its gradients.
 
-    Graph mode: traced with scale 1, through ``selector`` (an Identity of the constant 1, in
-    the outermost function graph being built, so that it is still being built when an apply
-    after a loop or a branch holding the call takes its gradients); :func:`_consume` points
-    ``selector`` at ``scale_read`` (the loss scale) when an ``apply`` built later in the same
-    trace takes gradients computed from the call's, and nothing else writes state with them.
+    Graph mode: traced with scale 1, chosen by ``selector`` (an Identity of the constant
+    False, in the outermost function graph being built, so that it is still being built when
+    an apply after a loop or a branch holding the call takes its gradients); :func:`_consume`
+    points ``selector`` at ``switched_on`` (the constant True: the call then uses the loss
+    scale) when an ``apply`` built later in the same trace takes gradients computed from the
+    call's, and nothing else writes state with them.
     Eager: ``site`` is the user's line that made the call; it is scaled once an ``apply``
     took the gradients of an earlier call from there (the same line, called through the same
     lines of its callers).
@@ -272,8 +273,8 @@ class _Call:
     gradients: list[Any]
     finite: Any
     site: tuple[tuple[str, int], ...] = ()
-    selector: Any = None  # graph mode: the Identity op the scale goes through
-    scale_read: Any = None  # graph mode: the loss scale, read beside the selector
+    selector: Any = None  # graph mode: the Identity op that says whether the call is scaled
+    switched_on: Any = None  # graph mode: the constant True, beside the selector
     consumed: bool = False
     key: Any = None  # the pending lists it is in: its graph's, or eager's
 
@@ -338,7 +339,7 @@ def _consume(call: _Call) -> None:
     if _gradient_flow.writes_state(tf.nest.flatten(call.gradients, expand_composites=True)):
         return
     call.consumed = True
-    upstream_tf.point_input_at(call.selector, 0, call.scale_read)
+    upstream_tf.point_input_at(call.selector, 0, call.switched_on)
 
 
 def _take_pending(grads: list[Any], consume: bool = True) -> Any:
@@ -509,13 +510,15 @@ def _scale_of_a_new_call() -> tuple[tf.Tensor, _Call]:
         return tf.constant(1.0), _Call([], None, site=site)
     functions = [g for g in _graphs_being_built() if getattr(g, "building_function", False)]
     outermost = functions[-1] if functions else tf.compat.v1.get_default_graph()
-    # In the outermost function graph being built: a call in a loop body, a branch or a nested
-    # function captures the selector, which is then still open to repointing when the apply
-    # after that loop, branch or call is built.
+    # The switch lives in the outermost function graph being built: a call in a loop body, a
+    # branch or a nested function captures it, and it is still open to repointing when the
+    # apply after that loop, branch or call is built. The scale is read here, where the call
+    # is: in a tf.range training loop, each step reads the scale the last step's apply left.
     with outermost.as_default():
-        scale_read = state_variables()[0].read_value()
-        selector = tf.identity(tf.constant(1.0), name="tf_amp_call_scale")
-    return selector, _Call([], None, selector=selector.op, scale_read=scale_read)
+        scaled = tf.identity(tf.constant(False), name="tf_amp_call_scaled")
+        switched_on = tf.constant(True)
+    scale = tf.where(scaled, state_variables()[0].read_value(), tf.constant(1.0))
+    return scale, _Call([], None, selector=scaled.op, switched_on=switched_on)
 
 
 def _has_a_variable(sources: Any) -> bool:
