@@ -42,9 +42,9 @@ An unmodified script does not call ``scale_loss``. Three shapes of script are co
 
   Finite flags: each call leaves one, per graph and thread (held weakly: it goes with its
   graph). An ``apply`` takes the flags of the calls its gradients are computed from (eager:
-  the calls that returned them, else the latest one, from which they were clipped) and
-  drops every older call, which stays unscaled, so a GAN's two gradient calls then two
-  applies each get their own flag and no stale flag reaches a later step.
+  the calls that returned them) and leaves the others for their own apply, so a GAN's two
+  gradient calls then two applies each get their own flag, in either order, and a call no
+  apply takes (logged, used by hand) stays unscaled.
 
 The scale of the custom-loop path lives in non-trainable variables named
 ``tf_amp_auto_loss_scale/*``, created on first use outside any function, and tracked by every
