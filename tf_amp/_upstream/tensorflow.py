@@ -74,6 +74,10 @@ Loss scaling for unmodified scripts (``tf_amp.runtime.auto_loss_scale*``)
     in the same trace takes its gradients (:mod:`tf_amp.runtime.auto_loss_scale`): the graph
     is still being built, and no public API changes an op's input (TensorFlow's own
     ``cond_v2`` and ``while_v2`` use this one the same way).
+  * ``control_flow_v2_func_graphs.ControlFlowFuncGraph`` (see :func:`is_control_flow_graph`)
+    -- tells a ``tf.cond`` branch or loop body, which the custom-loop scale switch may live
+    outside of, from a nested ``tf.function``, whose trace is reused from other graphs (a
+    switch captured from outside it was "out of scope" there).
   * ``Graph._get_function`` (see :func:`function_graph`) -- the graph of a loop body, branch
     or nested function that an op runs: gradients computed there and applied after it are
     the call's to scale. No public API maps a function name to its graph.
@@ -304,6 +308,15 @@ def function_graph(graph: Any, name: str) -> Any:
     return None
 
 
+def is_control_flow_graph(graph: Any) -> bool:
+    """Whether ``graph`` is a ``tf.cond`` branch or a ``while_loop``'s body or condition
+    (``control_flow_v2_func_graphs.ControlFlowFuncGraph``): built once for the op that runs
+    it, unlike a ``tf.function``'s graph, whose trace TensorFlow may reuse from other graphs."""
+    from tensorflow.python.ops import control_flow_v2_func_graphs
+
+    return isinstance(graph, control_flow_v2_func_graphs.ControlFlowFuncGraph)
+
+
 def in_a_replica_thread() -> bool:
     """Whether this thread is one MirroredStrategy runs a replica of a function in
     (``mirrored_run._MirroredReplicaThread``, private: its threads are not marked otherwise)."""
@@ -447,6 +460,7 @@ __all__ = [
     "_pywrap_util_port",
     "function_graph",
     "in_a_replica_thread",
+    "is_control_flow_graph",
     "point_input_at",
     "register_vectorized",
     "all_saveable_objects",

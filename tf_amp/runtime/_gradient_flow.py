@@ -22,9 +22,16 @@ import tensorflow as tf
 from tf_amp._upstream import tensorflow as upstream_tf
 
 # Ops that write a variable's value (resource or TF1 ref variables), and the optimizers' fused
-# updates: a gradient reaching one has changed state with no step to skip.
+# updates: a gradient reaching one has changed state with no step to skip. Named one by one
+# where a prefix would also take pure ops (``ScatterNd``, ``TensorScatterUpdate``).
 _WRITE_PREFIXES = ("Assign", "ResourceApply", "ResourceSparseApply", "ResourceScatter",
-                   "Scatter", "Apply", "SparseApply")
+                   "Apply", "SparseApply")
+_WRITES = frozenset({
+    "ResourceStridedSliceAssign", "StridedSliceAssign",
+    "ScatterAdd", "ScatterSub", "ScatterMul", "ScatterDiv", "ScatterMin", "ScatterMax",
+    "ScatterUpdate", "ScatterNdAdd", "ScatterNdSub", "ScatterNdUpdate", "ScatterNdMax",
+    "ScatterNdMin",
+})
 
 
 def key_of(tensor: Any) -> tuple[int, str, int]:
@@ -87,14 +94,18 @@ def writes_state(tensors: Iterable[Any]) -> bool:
     return False
 
 
+def _is_a_write(op: Any) -> bool:
+    return op.type in _WRITES or op.type.startswith(_WRITE_PREFIXES)
+
+
 def _writes(op: Any) -> bool:
-    if op.type.startswith(_WRITE_PREFIXES):
+    if _is_a_write(op):
         return True
     nested: dict[int, Any] = {}
     for graph in _function_graphs_of(op):
         _add_nested(graph, nested)
     return any(
-        inner.type.startswith(_WRITE_PREFIXES)
+        _is_a_write(inner)
         for graph in nested.values()
         for inner in graph.get_operations()
     )

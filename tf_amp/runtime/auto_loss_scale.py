@@ -260,8 +260,9 @@ class _Call:
     ``apply`` of its gradients.
 
     Graph mode: traced with scale 1, chosen by ``selector`` (an Identity of the constant
-    False, in the outermost function graph being built, so that it is still being built when
-    an apply after a loop or a branch holding the call takes its gradients); :func:`_consume`
+    False, in the function graph that holds the call's loops and branches, so that it is
+    still being built when an apply after a loop or a branch holding the call takes its
+    gradients); :func:`_consume`
     points ``selector`` at ``switched_on`` (the constant True: the call then uses the loss
     scale) when an ``apply`` built later in the same trace takes gradients computed from the
     call's, and nothing else writes state with them.
@@ -508,13 +509,15 @@ def _scale_of_a_new_call() -> tuple[tf.Tensor, _Call]:
         if site in _STATE["eager_sites"]:
             return current_state().scale, _Call([], None, site=site, consumed=True)
         return tf.constant(1.0), _Call([], None, site=site)
-    functions = [g for g in _graphs_being_built() if getattr(g, "building_function", False)]
-    outermost = functions[-1] if functions else tf.compat.v1.get_default_graph()
-    # The switch lives in the outermost function graph being built: a call in a loop body, a
-    # branch or a nested function captures it, and it is still open to repointing when the
-    # apply after that loop, branch or call is built. The scale is read here, where the call
+    home = tf.compat.v1.get_default_graph()
+    while upstream_tf.is_control_flow_graph(home) and home.outer_graph is not None:
+        home = home.outer_graph
+    # The switch lives in the function graph the call's loop bodies and branches are in: it
+    # is still open to repointing when the apply after that loop or branch is built. Not
+    # outside a nested tf.function: TensorFlow reuses its trace from other graphs, where a
+    # tensor captured from this one is out of scope. The scale is read here, where the call
     # is: in a tf.range training loop, each step reads the scale the last step's apply left.
-    with outermost.as_default():
+    with home.as_default():
         scaled = tf.identity(tf.constant(False), name="tf_amp_call_scaled")
         switched_on = tf.constant(True)
     scale = tf.where(scaled, state_variables()[0].read_value(), tf.constant(1.0))
