@@ -215,10 +215,12 @@ def test_a_signature_is_timed_once_per_process() -> None:
     ]
 
 
-def test_a_probe_that_asks_for_more_repeats_measures_again() -> None:
+def test_a_probe_that_asks_for_more_repeats_measures_again(monkeypatch) -> None:
     """The once-per-process figures were keyed without the repeats: a 5-repeat figure answered
     a probe asking for 20, which then said nothing more precise. A figure answers requests
-    for as many repeats as it was measured with, or fewer."""
+    for as many repeats as it was measured with, or fewer. (Starts from no figures: another
+    test in the process may have measured these signatures with more repeats.)"""
+    monkeypatch.setattr(probe, "_MEASURED", {})
     graph_def = step_graph()
     few = probe.probe_graph(graph_def, "bfloat16", categories(graph_def), repeats=1)
     more = probe.probe_graph(graph_def, "bfloat16", categories(graph_def), repeats=2)
