@@ -54,7 +54,7 @@ from tf_amp._upstream import tensorflow as upstream_tf
 from tf_amp._upstream.tensorflow import op_def_registry, tensor_util
 from tf_amp.painter.kernel_support import kernel_takes
 from tf_amp.type_attrs.exclude import CALL_OPS
-from tf_amp.type_attrs.op_info import node_layout, registry_op_info
+from tf_amp.type_attrs.op_info import function_attr_names, node_layout, registry_op_info
 
 INFER_SLOWDOWN = 1.5  # an infer op stays float32 only when this many times slower...
 MIN_LOSS_S = 20e-6  # ...and any op only when slower by this much per run (else it is noise)
@@ -240,7 +240,7 @@ def _without_unregistered(
         found = set(missing_in.get(node.op, ()))
         if node.op in unknown:
             found.add(node.op)
-        for name in _function_attrs(node):
+        for name in function_attr_names(node):
             found |= missing_in.get(name, set())
         return found
 
@@ -287,15 +287,6 @@ def _without_unregistered(
     return out, untimed
 
 
-def _function_attrs(node: graph_pb2.NodeDef) -> Iterable[str]:
-    """Names of the library functions a node names in its attributes (a call's ``f``, a
-    ``While``'s ``body``)."""
-    for value in node.attr.values():
-        if value.HasField("func"):
-            yield value.func.name
-        yield from (f.name for f in value.list.func)
-
-
 def _functions_with_unregistered_ops(
     library: graph_pb2.FunctionDefLibrary,
 ) -> dict[str, set[str]]:
@@ -311,7 +302,7 @@ def _functions_with_unregistered_ops(
             if n.op not in names and op_def_registry.get(n.op) is None
         }
         calls[name] = {n.op for n in function.node_def if n.op in names} | {
-            f for n in function.node_def for f in _function_attrs(n) if f in names
+            f for n in function.node_def for f in function_attr_names(n) if f in names
         }
     missing = {name: set(ops) for name, ops in direct.items()}
     changed = True

@@ -20,6 +20,7 @@ from typing import Any
 import tensorflow as tf
 
 from tf_amp._upstream import tensorflow as upstream_tf
+from tf_amp.type_attrs.op_info import function_attr_names
 
 # Ops that write a variable's value (resource or TF1 ref variables), and the optimizers' fused
 # updates: a gradient reaching one has changed state with no step to skip. Named one by one
@@ -129,21 +130,11 @@ def _function_graphs_of(op: Any) -> list[Any]:
     """The graphs of the functions ``op`` runs (``While`` body and cond, ``If`` branches, a
     call's function), as far as its graph's function table has them."""
     graphs = []
-    for name in _function_names(op):
+    for name in function_attr_names(op.node_def):
         graph = upstream_tf.function_graph(op.graph, name)
         if graph is not None:
             graphs.append(graph)
     return graphs
-
-
-def _function_names(op: Any) -> list[str]:
-    names = []
-    for attr in op.node_def.attr.values():
-        if attr.HasField("func"):
-            names.append(attr.func.name)
-        elif attr.HasField("list"):
-            names.extend(f.name for f in attr.list.func)
-    return names
 
 
 def _add_nested(graph: Any, found: dict[int, Any]) -> None:

@@ -336,7 +336,7 @@ def _consume(call: _Call) -> None:
         _STATE["eager_sites"].add(call.site)
         return
     if call.selector.graph not in _graphs_being_built():
-        return  # built in a graph already finished (cannot happen: kept for safety)
+        return  # made in a nested tf.function's finished graph: its switch stays off
     if _gradient_flow.writes_state(tf.nest.flatten(call.gradients, expand_composites=True)):
         return
     call.consumed = True

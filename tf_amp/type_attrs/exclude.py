@@ -11,6 +11,8 @@ import re
 from collections.abc import Callable, Collection
 from typing import Any
 
+from tf_amp.type_attrs.op_info import function_attr_names
+
 EXCLUDE_ATTR = "_tf_amp_exclude"  # node attr: never convert this node
 _FORWARD_FUNCTION = "forward_function_name"  # a tape's backward function's attr
 # The attr's two values: ``b=True`` is the user's (``tf_amp.keep_float32``, exclude scopes in a
@@ -183,11 +185,7 @@ def called_functions(node: Any, functions: Collection[str]) -> list[str]:
     """The library functions (of ``functions``' names) ``node`` calls: its op, or its
     function attrs (While / If bodies, a call's ``f``)."""
     found = [node.op] if node.op in functions else []
-    for value in node.attr.values():
-        if value.HasField("func"):
-            found.append(value.func.name)
-        elif value.HasField("list"):
-            found.extend(f.name for f in value.list.func)
+    found += function_attr_names(node)
     return [name for name in found if name in functions]
 
 

@@ -210,3 +210,15 @@ def out_arg_offsets(info: OpInfo, proto: Any) -> dict[str, int]:
         else:
             pos += 1
     return offsets
+
+
+def function_attr_names(node: Any) -> list[str]:
+    """Names of the functions a NodeDef names in its attributes: a call's ``f``, a
+    ``While``'s ``cond`` and ``body``, ``If``'s branches, ``Case``'s list of them."""
+    names = []
+    for value in node.attr.values():
+        if value.HasField("func"):
+            names.append(value.func.name)
+        elif value.HasField("list"):
+            names.extend(f.name for f in value.list.func)
+    return names
