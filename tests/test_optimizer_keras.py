@@ -741,6 +741,44 @@ def test_scale_and_skips_as_summaries_and_fit_logs(tmp_path):
     assert history.history["skipped_steps"] == [0.0]
 
 
+def _written_steps(logdir) -> dict[str, list[tuple[int, float]]]:
+    seen: dict[str, list[tuple[int, float]]] = {}
+    for name in sorted(os.listdir(logdir)):
+        for event in tf.compat.v1.train.summary_iterator(os.path.join(logdir, name)):
+            for value in event.summary.value:
+                written = float(tf.make_ndarray(value.tensor))
+                seen.setdefault(value.tag, []).append((event.step, written))
+    return seen
+
+
+@pytest.mark.parametrize("user_step", [None, "python", "variable"])
+def test_every_apply_writes_its_summaries_at_a_step_of_its_own(tmp_path, user_step):
+    """A skipped step leaves ``iterations`` alone: written at ``iterations``, it landed on the
+    applied step's step before it. A user's step variable is taken as it is; a Python number
+    set before tracing would be frozen in the trace, so the count of calls is used instead."""
+    w = keras.Variable([1.0])
+    opt = tf_amp.LossScaleOptimizer(keras.optimizers.SGD(), DynamicLossScale(8.0))
+    step_var = tf.Variable(100, dtype=tf.int64)
+
+    @tf.function
+    def apply(grad):
+        opt.apply([grad], [w])
+        if user_step == "variable":
+            step_var.assign_add(1)
+
+    writer = tf.summary.create_file_writer(str(tmp_path))
+    step = {"python": 7, "variable": step_var}.get(user_step)
+    with writer.as_default(step=step):
+        for grad in ([1.0], [np.inf], [1.0], [np.inf], [1.0]):
+            apply(tf.constant(grad))
+    writer.flush()
+    steps = [step for step, _ in _written_steps(tmp_path)["tf_amp/skipped_steps"]]
+    if user_step == "variable":
+        assert steps == [100, 101, 102, 103, 104]
+    else:
+        assert steps == [1, 2, 3, 4, 5]
+
+
 def test_wrapping_errors_say_what_to_pass():
     wrapped = tf_amp.LossScaleOptimizer(keras.optimizers.Adam())
     with pytest.raises(ValueError, match="already a tf_amp LossScaleOptimizer"):

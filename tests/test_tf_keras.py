@@ -152,6 +152,31 @@ def test_custom_loop_api_trains_in_half_and_skips_inf_nan_bit_identically(kind: 
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_every_apply_writes_its_summaries_at_a_step_of_its_own(kind: str, tmp_path: Path) -> None:
+    """As the Keras 3 wrapper: a skipped step no longer repeats the applied step's step."""
+    w = tf.Variable([1.0])
+    opt = tf_amp.LossScaleOptimizer(_adam(kind), DynamicLossScale(8.0))
+
+    @tf.function
+    def apply(grad: tf.Tensor) -> None:
+        opt.apply_gradients([(grad, w)])
+
+    writer = tf.summary.create_file_writer(str(tmp_path))
+    with writer.as_default():
+        for grad in ([1.0], [np.inf], [1.0], [np.inf], [1.0]):
+            apply(tf.constant(grad) * opt.loss_scale)
+    writer.flush()
+    steps = [
+        event.step
+        for name in sorted(p.name for p in tmp_path.iterdir())
+        for event in tf.compat.v1.train.summary_iterator(str(tmp_path / name))
+        for value in event.summary.value
+        if value.tag == "tf_amp/skipped_steps"
+    ]
+    assert steps == [1, 2, 3, 4, 5]
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_embedding_sparse_gradients_are_unscaled_and_skipped(kind: str) -> None:
     model, (x, y) = _embedding_model(), _tokens()
     opt = tf_amp.LossScaleOptimizer(_adam(kind))

@@ -337,7 +337,7 @@ class V1LossScaleOptimizer(_V1Optimizer):
         step = global_step if global_step is not None else tf.summary.experimental.get_step()
         if step is not None:
             with tf.control_dependencies([applied]):
-                _summaries.write_summaries(self._state_vars[0], self._state_vars[2], step)
+                _summaries.write_summaries(self._state_vars[0], self._state_vars[2], step=step)
         if tf.executing_eagerly():
             return None
         train_op = tf.group(applied, name=name or "apply_loss_scaled_gradients")
