@@ -585,6 +585,27 @@ def test_probe_times_what_it_can_and_names_unregistered_ops(
     assert nodes["u"].attr["T"].type == tf.float32.as_datatype_enum
 
 
+def test_probe_rows_alike_but_for_attributes_say_which_is_which(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two MatMuls with the same input shapes, one transposing its second input, are two
+    signatures timed apart; the table said ``MatMul[[8, 8], [8, 8]]`` twice."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [8, 8], name="x")
+        w = tf.constant(np.ones((8, 8), np.float32), name="w")
+        tf.identity(tf.matmul(x, w) + tf.matmul(x, w, transpose_b=True), name="out")
+    source = tmp_path / "two.pbtxt"
+    cli.write_graph_def(graph.as_graph_def(), str(source))
+    assert cli.main(["probe", "--target-dtype", "bfloat16", "--repeats", "1", str(source)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = [i for i, line in enumerate(lines) if line.startswith("MatMul[[8, 8], [8, 8]]")]
+    assert len(rows) == 2
+    details = sorted(lines[i + 1].split() for i in rows)
+    assert [words[-1] for words in details] == ["transpose_b=False", "transpose_b=True"]
+    assert "transpose_a=False" in details[0] and "transpose_a=False" in details[1]
+
+
 def test_probe_of_a_graph_tensorflow_cannot_import_says_it_could_not_run(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

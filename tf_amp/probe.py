@@ -42,7 +42,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -80,6 +80,8 @@ class Signature:
     op: str
     shapes: tuple[tuple[int, ...], ...]  # of the float inputs, in input order
     key: bytes  # attrs (float types left out) and constant inputs, serialised
+    # What ``key`` holds, for people: two signatures that ``describe`` alike differ here.
+    details: str = field(default="", compare=False)
 
     def describe(self) -> str:
         return f"{self.op}{list(map(list, self.shapes))}"
@@ -419,7 +421,40 @@ def _candidate(op: tf.Operation) -> _Candidate | str | None:
         if k not in _IGNORED_ATTRS and v.type != types_pb2.DT_FLOAT
     )
     key = repr((attrs, [(i, v.tobytes(), v.shape) for i, v in sorted(constants.items())]))
-    return _Candidate(op, Signature(op.type, tuple(shapes), key.encode()), float_inputs, constants)
+    details = _details(node, attrs, constants)
+    signature = Signature(op.type, tuple(shapes), key.encode(), details)
+    return _Candidate(op, signature, float_inputs, constants)
+
+
+def _details(node: Any, attrs: list[tuple[str, bytes]], constants: dict[int, np.ndarray]) -> str:
+    """The attrs and constant inputs of a signature's key as ``name=value`` words (a
+    constant of more than 8 elements by its shape): what tells apart two rows of
+    ``tf-amp probe``'s table with the same op and input shapes."""
+    words = [f"{name}={_attr_text(node.attr[name])}" for name, _ in attrs]
+    for index, value in sorted(constants.items()):
+        shown = value.tolist() if value.size <= 8 else f"<{value.dtype} {list(value.shape)}>"
+        words.append(f"input{index}={shown}")
+    return " ".join(words)
+
+
+def _attr_text(value: attr_value_pb2.AttrValue) -> str:
+    """One attr value as a short word: ``SAME``, ``True``, ``[1, 2, 2, 1]``, a type's name."""
+    kind = value.WhichOneof("value")
+    if kind == "list":
+        items = [
+            *value.list.s, *value.list.i, *value.list.f, *value.list.b,
+            *(tf.dtypes.as_dtype(t).name for t in value.list.type),
+        ]
+        return "[" + ", ".join(_scalar_text(item) for item in items) + "]"
+    if kind == "type":
+        return tf.dtypes.as_dtype(value.type).name
+    if kind in ("s", "i", "f", "b"):
+        return _scalar_text(getattr(value, kind))
+    return kind or "none"  # shape, tensor, func: rare on allow/infer ops, named by their kind
+
+
+def _scalar_text(item: Any) -> str:
+    return item.decode(errors="replace") if isinstance(item, bytes) else str(item)
 
 
 def _static_value(tensor: tf.Tensor) -> np.ndarray | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections import Counter
 
 from tf_amp.cli.graph_files import read_graph_def
 from tf_amp.cli.rewrite_command import config_from_env
@@ -55,10 +56,13 @@ def run_probe(args: argparse.Namespace) -> int:
         raise ValueError(f"the probe could not run on {args.input}: {error}") from None
     print(f"{'op at its input shapes':<60} {'list':<6} {'float32':>10} "
           f"{config.target_dtype:>10} {'ratio':>6}  nodes  decision")
+    alike = Counter(t.signature.describe() for t in timings)
     for t in sorted(timings, key=lambda t: -t.float32_s):
         decision = "keep float32" if t.keep_float32 else config.target_dtype
         print(f"{t.signature.describe()[:60]:<60} {t.category:<6} {t.float32_s * 1e3:>8.3f}ms "
               f"{t.reduced_s * 1e3:>8.3f}ms {t.ratio:>6.2f}  {len(t.nodes):>5}  {decision}")
+        if alike[t.signature.describe()] > 1:  # rows alike but for attrs: say which is which
+            print(f"    {t.signature.details or '(no attributes)'}")
     for untimed in timings.untimed:
         print(f"not timed: {untimed.describe()}")
     slow = probe.slow_nodes(timings)
