@@ -80,10 +80,14 @@ class TfKerasLossScaling(TfKerasScaleState, TfKerasConfig):
     saves_as_inner = False
 
     def set_weights(self, weights: Sequence[Any]) -> None:
-        """A ``saves_as_inner`` wrapper passes the weights to its inner optimizer: a ``.h5``
-        file, float32 or saved under the environment, holds that optimizer's weights (loaded
-        into the wrapper, tf_keras found it unbuilt and dropped the state with a warning)."""
-        if self.saves_as_inner:
+        """Passes the weights to the inner optimizer where they are its weights: a
+        ``saves_as_inner`` wrapper's ``.h5`` file (float32, or saved under the environment)
+        holds that optimizer's, and a current wrapper's ``variables`` are its inner
+        optimizer's, so its ``.h5`` file holds them too. Loaded into the wrapper itself,
+        tf_keras found the wrapper unbuilt (its inner optimizer was built) and dropped the
+        state with "Error in loading the saved optimizer state", as it does for tf_keras's own
+        wrapper. A legacy wrapper's own ``set_weights`` already takes them."""
+        if self.saves_as_inner or not self._legacy:
             self._optimizer.set_weights(weights)
         else:
             super().set_weights(weights)
