@@ -11,9 +11,11 @@ import collections
 import contextlib
 from collections.abc import Iterator
 
+import attrs
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.python.client import session as session_lib
 
 import tf_amp
 from tests.e2e_helpers import executed_half_ops
@@ -184,6 +186,49 @@ def test_composite_and_dict_like_fetches_and_feeds_match_a_plain_session() -> No
     np.testing.assert_array_equal(ours["slices"].values, plain["slices"].values)
     np.testing.assert_array_equal(ours["slices"].indices, plain["slices"].indices)
     np.testing.assert_array_equal(our_sums, plain_sums)
+
+
+@attrs.define
+class _Pair:
+    first: object
+    second: object
+
+
+class _Scaled:
+    """A script's own type, fetched and fed through ``register_session_run_conversion_functions``:
+    fetched as its tensor's value times ``factor``, fed by feeding that tensor."""
+
+    def __init__(self, tensor: tf.Tensor, factor: float) -> None:
+        self.tensor, self.factor = tensor, factor
+
+
+session_lib.register_session_run_conversion_functions(
+    _Scaled,
+    lambda s: ([s.tensor], lambda values: values[0] * s.factor),
+    lambda s, value: [(s.tensor, value)],
+)
+
+
+def test_attrs_and_registered_type_fetches_and_feeds_match_a_plain_session() -> None:
+    """``Session.run`` takes attrs classes and types registered with
+    ``register_session_run_conversion_functions``; tf_amp's raised "cannot fetch or feed"."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float32, [2, 2])
+        w = tf.constant([[1.0, 2.0], [3.0, 4.0]])
+        y = tf.matmul(x, w)
+        fetches = _Pair(first=y, second=_Scaled(y, 10.0))
+    feed = {_Scaled(x, 0.0): np.eye(2, dtype=np.float32)}
+    results = []
+    for session_class in (tf1.Session, tf_amp.Session):
+        with session_class(graph=graph) as sess:
+            results.append(sess.run(fetches, feed))
+    plain, ours = results
+    assert type(ours) is _Pair and type(ours.second) is type(plain.second)
+    np.testing.assert_array_equal(plain.first, [[1.0, 2.0], [3.0, 4.0]])
+    np.testing.assert_allclose(ours.first, plain.first, rtol=1e-3)
+    np.testing.assert_allclose(ours.second, plain.second, rtol=1e-3)
+    np.testing.assert_array_equal(plain.second, 10 * plain.first)
 
 
 def test_saver_checkpoints_are_interchangeable_with_float32_sessions(tmp_path) -> None:

@@ -53,6 +53,10 @@ Running rewritten graphs (``tf_amp.runtime``)
     (``tf.config.optimizer`` can only configure the passes of a running session).
   * ``session.Session`` / ``InteractiveSession`` -- the base classes of ``tf_amp.Session``: the
     public ``tf.compat.v1.Session`` is the name the activation replaces with tf_amp's.
+  * ``session._REGISTERED_EXPANSIONS`` and ``session.register_session_run_conversion_functions``
+    (see :func:`session_expansion`) -- the fetch and feed functions a script registered for
+    its own types, which ``tf_amp.Session`` applies on the user's graph before running the
+    private one; TensorFlow exports neither.
   * ``session_manager`` -- the module whose reference to ``session`` the activation swaps, so
     ``MonitoredSession`` and ``Supervisor`` create tf_amp sessions.
   * ``mirrored_run._MirroredReplicaThread`` (see :func:`in_a_replica_thread`) -- the thread
@@ -446,6 +450,24 @@ def retype_tf_function(function: Any, cls: type) -> Any:
     return function
 
 
+def session_expansion(value: Any) -> tuple[Any, Any] | None:
+    """``(fetch_fn, feed_fn)`` registered for ``value``'s type with
+    ``register_session_run_conversion_functions``, or None for a type with none of its own
+    (the built-in entries for ``SparseTensor``, ``IndexedSlices`` and ``object``)."""
+    for tensor_type, fetch_fn, feed_fn, _ in session_lib._REGISTERED_EXPANSIONS:  # noqa: SLF001
+        if isinstance(value, tensor_type):
+            if tensor_type in (object, tf.SparseTensor, tf.IndexedSlices):
+                return None
+            return fetch_fn, feed_fn
+    return None
+
+
+def register_session_fetch(cls: type, fetch_fn: Any) -> None:
+    """Registers ``fetch_fn`` (``value -> (fetches, contraction)``) for ``cls`` with
+    ``Session.run``."""
+    session_lib.register_session_run_conversion_functions(cls, fetch_fn)
+
+
 __all__ = [
     "AUTOGRAPH_MODULE",
     "AutoTrackable",
@@ -462,7 +484,9 @@ __all__ = [
     "in_a_replica_thread",
     "is_control_flow_graph",
     "point_input_at",
+    "register_session_fetch",
     "register_vectorized",
+    "session_expansion",
     "all_saveable_objects",
     "canonicalize_function_inputs",
     "control_flow_util",

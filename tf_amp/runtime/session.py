@@ -176,6 +176,12 @@ class Session(upstream_tf.Session):
             return type(fetch)(*(recurse(v) for v in fetch))
         if isinstance(fetch, (list, tuple)):
             return type(fetch)(recurse(v) for v in fetch)
+        if getattr(type(fetch), "__attrs_attrs__", None) is not None:  # as Session.run does
+            return type(fetch)(*(recurse(getattr(fetch, a.name)) for a in fetch.__attrs_attrs__))
+        expansion = upstream_tf.session_expansion(fetch)
+        if expansion is not None and not feed:
+            fetches, contraction = expansion[0](fetch)
+            return _Expanded([recurse(f) for f in fetches], contraction)
         if hasattr(fetch, "_as_graph_element"):
             return recurse(fetch._as_graph_element())  # noqa: SLF001
         raise TypeError(
@@ -216,13 +222,26 @@ class Session(upstream_tf.Session):
         if not feed_dict:
             return feed_dict
         mapped: dict[Any, Any] = {}
-        for key, value in feed_dict.items():
+        for key, value in self._expanded_feeds(feed_dict):
             target = self._map(key, feed=True)
             mapped[target] = value
             twin = self._half_twin(target)
             if twin is not None:  # the half consumers read the twin: feed it the same value
                 mapped[twin] = self._cast_feed(value, twin)
         return mapped
+
+    @staticmethod
+    def _expanded_feeds(feed_dict: Mapping[Any, Any]) -> list[tuple[Any, Any]]:
+        """The feed_dict's items, a key of a type the script registered a feed function for
+        expanded into the (tensor, value) pairs that function gives, as ``Session.run`` does."""
+        pairs: list[tuple[Any, Any]] = []
+        for key, value in feed_dict.items():
+            expansion = upstream_tf.session_expansion(key)
+            if expansion is not None and expansion[1] is not None:
+                pairs.extend(expansion[1](key, value))
+            else:
+                pairs.append((key, value))
+        return pairs
 
     def _map_feed_list(self, feeds: list[Any]) -> tuple[list[Any], list[tuple[int, Any]]]:
         """Mapped feeds plus the half twins to feed too: (position of the fed value, twin)."""
@@ -322,6 +341,19 @@ class SessionModuleShim:
 
 
 _COMPOSITE_FETCHES = (tf.SparseTensor, tf.RaggedTensor, tf.IndexedSlices)
+
+
+class _Expanded:
+    """A fetch of a type the script registered with ``register_session_run_conversion_functions``:
+    its fetches (from the registered function) mapped to the private graph, and the
+    contraction that builds the user's value from their results."""
+
+    def __init__(self, fetches: list[Any], contraction: Any) -> None:
+        self.fetches = fetches
+        self.contraction = contraction
+
+
+upstream_tf.register_session_fetch(_Expanded, lambda e: (e.fetches, e.contraction))
 
 _COLOCATION_ATTR = "_class"  # ["loc:@op", ...]: place this node with those ops
 
