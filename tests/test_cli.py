@@ -286,6 +286,41 @@ def test_a_sparse_signature_output_of_a_tf1_saved_model_stays_float32(tmp_path: 
     np.testing.assert_allclose(served["amp"].values, served["fp32"].values, rtol=2e-2)
 
 
+def test_a_tensor_only_a_collection_names_keeps_its_dtype(tmp_path: Path) -> None:
+    """A TF1 loader may fetch what ``tf.compat.v1.get_collection`` gives (a model's
+    ``predictions``); kept only for the signatures, such a tensor came back float16."""
+    source, target = tmp_path / "fp32", tmp_path / "amp"
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [None, 16], name="x")
+        w = tf.constant(np.linspace(-0.3, 0.3, 256, dtype=np.float32).reshape(16, 16))
+        hidden = tf.nn.relu(tf.matmul(tf.nn.relu(tf.matmul(x, w)), w), name="hidden")
+        out = tf.reduce_sum(tf.matmul(hidden, w), axis=1, name="out")
+        tf.compat.v1.add_to_collection("predictions", hidden)
+        info = tf.compat.v1.saved_model.build_tensor_info
+        signature = tf.compat.v1.saved_model.signature_def_utils.build_signature_def(
+            {"x": info(x)}, {"out": info(out)}, "tensorflow/serving/predict"
+        )
+        with tf.compat.v1.Session(graph=graph) as sess:
+            builder = tf.compat.v1.saved_model.Builder(str(source))
+            builder.add_meta_graph_and_variables(
+                sess, ["serve"], signature_def_map={"serving_default": signature}
+            )
+            builder.save()
+    assert cli.main(["rewrite", str(source), str(target), "--target-dtype", "float16"]) == 0
+    x_value = np.linspace(-1, 1, 64, dtype=np.float32).reshape(4, 16)
+    fetched = {}
+    for name, path in (("fp32", source), ("amp", target)):
+        with tf.Graph().as_default() as loaded, tf.compat.v1.Session(graph=loaded) as sess:
+            tf.compat.v1.saved_model.load(sess, ["serve"], str(path))
+            (predictions,) = tf.compat.v1.get_collection("predictions")
+            assert predictions.dtype == tf.float32
+            fetched[name] = sess.run(predictions, {"x:0": x_value})
+            half = {n.op for n in loaded.as_graph_def().node if n.attr["T"].type == tf.half}
+    assert "MatMul" in half  # the rest is still rewritten
+    np.testing.assert_allclose(fetched["amp"], fetched["fp32"], rtol=2e-2, atol=1e-3)
+
+
 def test_a_failed_rewrite_leaves_the_earlier_output_whole(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -19,8 +19,9 @@ def rewrite_saved_model(source: str, target: str, config: Any) -> Any:
     """Copies a SavedModel, rewriting every MetaGraph's GraphDef and function library.
 
     Variables and assets are copied unchanged: the rewrite never changes a variable's name or
-    dtype, so the checkpoint in ``variables/`` still matches. Signature outputs are preserved
-    (their dtypes do not change) because the signatures' nodes are added to ``preserve_nodes``.
+    dtype, so the checkpoint in ``variables/`` still matches. Signature inputs and outputs, and
+    what a collection names, are preserved (their dtypes do not change): their nodes are added
+    to ``preserve_nodes``.
     Returns one report per MetaGraph.
 
     OUT is replaced only when it is an earlier output of this command (it carries the
@@ -48,7 +49,7 @@ def rewrite_saved_model(source: str, target: str, config: Any) -> Any:
             for signature in meta_graph.signature_def.values()
             for tensor in list(signature.outputs.values()) + list(signature.inputs.values())
             for name in _tensor_names(tensor)
-        }
+        } | _collection_nodes(meta_graph)
         effective = config.replace(preserve_nodes=frozenset(config.preserve_nodes) | keep)
         result = rewrite_graph_def(meta_graph.graph_def, effective)
         meta_graph.graph_def.CopyFrom(result.graph_def)
@@ -84,6 +85,21 @@ def rewrite_saved_model(source: str, target: str, config: Any) -> Any:
         shutil.rmtree(target)
     os.replace(partial, target)
     return reports
+
+
+def _collection_nodes(meta_graph: Any) -> set[str]:
+    """The nodes a TF1 MetaGraph's collections name (``node_list``: tensors and ops a loader
+    fetches by ``tf.compat.v1.get_collection``, such as a model's ``predictions``), which keep
+    their dtypes as the signatures' do: rewritten, such a tensor came back float16. Names of
+    nodes the graph lacks (a collection may name a function's op) are left out."""
+    nodes = {node.name for node in meta_graph.graph_def.node}
+    named = {
+        value.lstrip("^").split(":")[0]
+        for collection in meta_graph.collection_def.values()
+        if collection.WhichOneof("kind") == "node_list"
+        for value in collection.node_list.value
+    }
+    return named & nodes
 
 
 def _tensor_names(info: Any) -> list[str]:
